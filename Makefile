@@ -1,0 +1,47 @@
+# One settings file drives everything: SETTINGS=path/to/settings.toml make serve
+SETTINGS ?= model_repository/settings.toml
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := build/stamps/$(subst /,_,$(SETTINGS))
+
+.PHONY: setup export repo serve test lint bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+# Export the checkpoint to ONNX (validated against PyTorch) plus weights, tokenizer and serving.json.
+export: $(STAMP).export
+
+$(STAMP).export: $(VENV)/.installed $(SETTINGS) $(wildcard export/*.py export/*.txt)
+	$(PY) -m export --settings $(SETTINGS)
+	@mkdir -p $(dir $@) && touch $@
+
+# Generate the Triton model repository (every config.pbtxt) from the settings file.
+repo: $(STAMP).repo
+
+$(STAMP).repo: $(STAMP).export $(wildcard model_repository/*.py model_repository/stages/*.py)
+	$(PY) -m model_repository.generate --settings $(SETTINGS)
+	@touch $@
+
+# Serve the default model on the real tritonserver (HTTP 8000, gRPC 8001, metrics 8002 on 127.0.0.1).
+serve: $(STAMP).repo
+	$(PY) -m model_repository.server --settings $(SETTINGS)
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q tests
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+# CPU throughput of the ensemble against sentence-transformers encode() on the same texts.
+bench: $(STAMP).repo
+	$(PY) -m bench.cpu_throughput --settings $(SETTINGS)
+
+clean:
+	rm -rf build

@@ -1,0 +1,106 @@
+"""python -m bench.cpu_throughput: texts/s through the Triton ensemble vs sentence-transformers encode().
+
+Both run in the same process tree on the same machine and the same texts (loadtest/corpus.txt), one
+after the other so each gets every core. The server side is the real tritonserver started from the
+settings; the client is the project's asyncio gRPC client with a fixed number of requests in flight.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import platform
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from client import AsyncTextClient
+from export.checkpoint import resolve_source
+from loadtest.corpus import load_text
+from model_repository.server import Ports, TritonServer
+from model_repository.settings import load_settings
+
+RESULTS = Path(__file__).with_name("results")
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def sentence_transformers_rate(source: str, texts: list[str], batch_size: int) -> float:
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(resolve_source(source)), device="cpu")
+    model.encode(texts[:64], batch_size=batch_size)
+    started = time.perf_counter()
+    model.encode(texts, batch_size=batch_size)
+    return len(texts) / (time.perf_counter() - started)
+
+
+async def ensemble_rate(url: str, texts: list[str], per_request: int, concurrency: int) -> float:
+    batches = [texts[i : i + per_request] for i in range(0, len(texts), per_request)]
+    async with AsyncTextClient(url, "grpc", timeout_s=120) as client:
+        await client.embed(texts[:per_request])
+        queue = iter(batches)
+
+        async def worker() -> None:
+            for batch in queue:
+                await client.embed(batch)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return len(texts) / (time.perf_counter() - started)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.cpu_throughput", description=__doc__)
+    parser.add_argument("--settings")
+    parser.add_argument("--texts", type=int, default=2000)
+    parser.add_argument("--st-batch-size", type=int, default=32, help="sentence-transformers encode() batch size")
+    parser.add_argument("--shapes", default="1x64,8x16,32x4",
+                        help="client load shapes, TEXTS_PER_REQUESTxCONCURRENCY, comma separated")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    settings = load_settings(args.settings)
+    texts = load_text()[: args.texts]
+
+    reference = sentence_transformers_rate(settings.model.source, texts, args.st_batch_size)
+    print(f"sentence-transformers encode(batch_size={args.st_batch_size}): {reference:.1f} texts/s", flush=True)
+    runs = []
+    bench_settings = dataclasses.replace(settings, server=dataclasses.replace(settings.server, build_dir="build/bench"))
+    with TritonServer(bench_settings, settings.repository_dir, Ports(18500, 18501, 18502), "127.0.0.1") as server:
+        for shape in args.shapes.split(","):
+            per_request, concurrency = (int(x) for x in shape.split("x"))
+            rate = asyncio.run(ensemble_rate(server.grpc_url, texts, per_request, concurrency))
+            runs.append({"texts_per_request": per_request, "concurrency": concurrency, "texts_per_s": round(rate, 1),
+                         "ratio_vs_sentence_transformers": round(rate / reference, 2)})
+            print(f"ensemble {per_request} text(s)/request x {concurrency} in flight: {rate:.1f} texts/s "
+                  f"= {rate / reference:.2f}x", flush=True)
+    result = {
+        "benchmark": "cpu_throughput",
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads()},
+        "command": "make bench",
+        "model": settings.model.name,
+        "engine": settings.engine.kind,
+        "texts": len(texts),
+        "sentence_transformers_texts_per_s": round(reference, 1),
+        "ensemble": runs,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"cpu_throughput-{result['date']}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Hugging Face BERT checkpoint -> validated ONNX model plus what the serving stages need."""

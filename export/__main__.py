@@ -1,0 +1,106 @@
+"""python -m export: checkpoint -> build/models/<name>/ (model.onnx, weights, tokenizer, serving.json)."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from export.checkpoint import CheckpointError, load_model, read_pooling, resolve_source, tokenizer_file
+from export.onnx_export import VALIDATION_SENTENCES, ServingModule, export_onnx, validate
+from model_repository.settings import SettingsError, load_settings
+from model_repository.stages.engine import ServingSpec
+from model_repository.stages.tokenization import load_tokenizer
+
+REPORT_FILE = "export_report.json"
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def export(source: str, task: str, max_tokens: int, out_dir: Path, opset: int, tolerance: float) -> dict:
+    started = time.perf_counter()
+    folder = resolve_source(source)
+    model = load_model(source, task)
+    pooling = read_pooling(folder)
+    config = model.config
+    labels = tuple(config.id2label[i] for i in range(config.num_labels)) if task == "classification" else ()
+    spec = ServingSpec(
+        task=task,
+        pooling=pooling.mode,
+        normalize=pooling.normalize,
+        hidden_size=config.hidden_size,
+        output_size=len(labels) if labels else config.hidden_size,
+        labels=labels,
+        max_tokens=max_tokens,
+        pad_token_id=config.pad_token_id or 0,
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    shutil.copyfile(tokenizer_file(source), out_dir / "tokenizer.json")
+    spec.save(out_dir)
+
+    module = ServingModule(model, task, pooling).eval()
+    partial = out_dir / "model.onnx.partial"
+    export_onnx(module, partial, spec.output_name, opset)
+    tokenizer = load_tokenizer(out_dir / "tokenizer.json", max_tokens)
+    sentences = VALIDATION_SENTENCES.read_text().splitlines()
+    sequences = [torch.tensor(e.ids, dtype=torch.int32).numpy() for e in tokenizer.encode_batch(sentences)]
+    max_abs_diff = validate(module, partial, sequences, spec.pad_token_id)
+    report = {
+        "source": source,
+        "task": task,
+        "opset": opset,
+        "validation_sentences": len(sentences),
+        "max_abs_diff_onnxruntime_vs_pytorch": max_abs_diff,
+        "tolerance": tolerance,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    if max_abs_diff > tolerance:
+        partial.unlink()
+        raise CheckpointError(f"ONNX Runtime differs from PyTorch by {max_abs_diff:.2e} > tolerance {tolerance:.0e}")
+    onnx_path = partial.rename(out_dir / "model.onnx")
+    report["onnx_sha256"] = sha256(onnx_path)
+    (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m export", description=__doc__)
+    parser.add_argument("--settings", help="settings file (default: model_repository/settings.toml)")
+    parser.add_argument("--source", help="override model.source: a folder, package:<name> or random-init:<preset>")
+    parser.add_argument("--random-init", metavar="PRESET", help="shorthand for --source random-init:PRESET")
+    parser.add_argument("--task", choices=("embedding", "classification"), help="override model.task")
+    parser.add_argument("--out", type=Path, help="output folder (default: the settings' export folder)")
+    args = parser.parse_args(argv)
+    try:
+        settings = load_settings(args.settings)
+        source = f"random-init:{args.random_init}" if args.random_init else args.source or settings.model.source
+        report = export(
+            source,
+            args.task or settings.model.task,
+            settings.model.max_tokens,
+            args.out or settings.export_dir,
+            settings.engine.onnx_opset,
+            settings.engine.onnx_tolerance,
+        )
+    except (SettingsError, CheckpointError) as exc:
+        print(f"export failed: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Settings, stage code and generator for the Triton model repository."""

@@ -1,0 +1,165 @@
+"""Loads and validates the settings file, the single source for every generated configuration."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+import tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_SETTINGS = Path(__file__).resolve().parent / "settings.toml"
+
+TASKS = ("embedding", "classification")
+ENGINE_KINDS = ("onnxruntime_cpu", "torch_gpu")
+PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+class SettingsError(ValueError):
+    """The settings file is malformed or inconsistent."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+    source: str
+    name: str
+    task: str = "embedding"
+    max_tokens: int = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineSettings:
+    kind: str = "onnxruntime_cpu"
+    precision: str = "fp32"
+    threads: int = 2
+    onnx_opset: int = 17
+    onnx_tolerance: float = 1e-4
+
+
+@dataclasses.dataclass(frozen=True)
+class StageSettings:
+    max_batch_size: int = 256
+    max_queue_delay_us: int = 0
+    instances: int = 1
+    preferred_batch_sizes: tuple[int, ...] = ()
+    gpus: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class EnsembleSettings:
+    max_batch_size: int = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    build_dir: str = "build"
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    model: ModelSettings
+    engine: EngineSettings
+    tokenizer: StageSettings
+    encoder: StageSettings
+    postprocess: StageSettings
+    ensemble: EnsembleSettings
+    server: ServerSettings
+    path: Path
+
+    @property
+    def build_dir(self) -> Path:
+        return (ROOT / self.server.build_dir).resolve()
+
+    @property
+    def export_dir(self) -> Path:
+        """Where `export` writes the ONNX model, weights, tokenizer and serving.json."""
+        return self.build_dir / "models" / self.model.name
+
+    @property
+    def repository_dir(self) -> Path:
+        return self.build_dir / "model_repository"
+
+    def as_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        data.pop("path")
+        return data
+
+    def digest(self) -> str:
+        """Stable hash of the settings' values, recorded in generated files."""
+        return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _section(cls, raw: dict, name: str):
+    values = dict(raw.get(name, {}))
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(values) - known
+    if unknown:
+        raise SettingsError(f"[{name}] has unknown keys: {', '.join(sorted(unknown))}")
+    for key in ("preferred_batch_sizes", "gpus"):
+        if key in values:
+            values[key] = tuple(values[key])
+    try:
+        return cls(**values)
+    except TypeError as exc:
+        raise SettingsError(f"[{name}]: {exc}") from None
+
+
+def _check(settings: Settings) -> None:
+    model, engine = settings.model, settings.engine
+    if model.task not in TASKS:
+        raise SettingsError(f"model.task must be one of {TASKS}, not {model.task!r}")
+    if engine.kind not in ENGINE_KINDS:
+        raise SettingsError(f"engine.kind must be one of {ENGINE_KINDS}, not {engine.kind!r}")
+    if engine.precision not in PRECISIONS:
+        raise SettingsError(f"engine.precision must be one of {PRECISIONS}, not {engine.precision!r}")
+    if engine.kind == "onnxruntime_cpu" and engine.precision != "fp32":
+        raise SettingsError("engine.kind onnxruntime_cpu runs fp32 only")
+    if not 2 <= model.max_tokens <= 512:
+        raise SettingsError("model.max_tokens must be between 2 and 512 (BERT position embeddings)")
+    stages = {"tokenizer": settings.tokenizer, "encoder": settings.encoder, "postprocess": settings.postprocess}
+    for name, stage in stages.items():
+        if stage.max_batch_size < 1 or stage.instances < 1 or stage.max_queue_delay_us < 0:
+            raise SettingsError(f"[{name}] needs max_batch_size >= 1, instances >= 1, max_queue_delay_us >= 0")
+        if any(not 1 <= size <= stage.max_batch_size for size in stage.preferred_batch_sizes):
+            raise SettingsError(f"[{name}] preferred_batch_sizes must lie in 1..max_batch_size")
+    if settings.tokenizer.gpus or settings.postprocess.gpus:
+        raise SettingsError("only the encoder runs on GPUs")
+    if engine.kind == "torch_gpu" and not settings.encoder.gpus:
+        raise SettingsError("engine.kind torch_gpu needs encoder.gpus, e.g. [0]")
+    if engine.kind == "onnxruntime_cpu" and settings.encoder.gpus:
+        raise SettingsError("engine.kind onnxruntime_cpu runs on the CPU: leave encoder.gpus empty")
+    if settings.ensemble.max_batch_size > settings.tokenizer.max_batch_size:
+        raise SettingsError("ensemble.max_batch_size must not exceed tokenizer.max_batch_size")
+    if settings.ensemble.max_batch_size > settings.encoder.max_batch_size:
+        raise SettingsError("ensemble.max_batch_size must not exceed encoder.max_batch_size")
+
+
+def load_settings(path: str | Path | None = None) -> Settings:
+    path = Path(path or DEFAULT_SETTINGS).resolve()
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SettingsError(f"cannot read settings {path}: {exc}") from None
+    unknown = set(raw) - {"model", "engine", "tokenizer", "encoder", "postprocess", "ensemble", "server"}
+    if unknown:
+        raise SettingsError(f"unknown sections: {', '.join(sorted(unknown))}")
+    if "model" not in raw:
+        raise SettingsError("the [model] section is required")
+    settings = Settings(
+        model=_section(ModelSettings, raw, "model"),
+        engine=_section(EngineSettings, raw, "engine"),
+        tokenizer=_section(StageSettings, raw, "tokenizer"),
+        encoder=_section(StageSettings, raw, "encoder"),
+        postprocess=_section(StageSettings, raw, "postprocess"),
+        ensemble=_section(EnsembleSettings, raw, "ensemble"),
+        server=_section(ServerSettings, raw, "server"),
+        path=path,
+    )
+    _check(settings)
+    return settings

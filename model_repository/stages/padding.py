@@ -1,0 +1,18 @@
+"""Right-padding of token sequences, shared by the tokenizer stage, the CPU engine and export."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def pad_sequences(rows: Sequence[Sequence[int] | np.ndarray], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """int32 (ids, mask) of shape [len(rows), longest row]; mask is 1 on real tokens, 0 on padding."""
+    width = max(len(row) for row in rows)
+    ids = np.full((len(rows), width), pad_id, dtype=np.int32)
+    mask = np.zeros((len(rows), width), dtype=np.int32)
+    for index, row in enumerate(rows):
+        ids[index, : len(row)] = row
+        mask[index, : len(row)] = 1
+    return ids, mask

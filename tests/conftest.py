@@ -1,0 +1,99 @@
+"""Shared fixtures: one export, one generated repository and one real tritonserver per test session."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from export.__main__ import export
+from export.checkpoint import resolve_source
+from export.onnx_export import VALIDATION_SENTENCES
+from model_repository.generate import generate
+from model_repository.server import Ports, TritonServer
+from model_repository.settings import load_settings
+
+STAGES = Path(__file__).resolve().parent.parent / "model_repository" / "stages"
+sys.path.insert(0, str(STAGES))  # stage modules import each other by bare name, as inside Triton
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = []
+    for _ in range(count):
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sockets.append(sock)
+    ports = [sock.getsockname()[1] for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+@pytest.fixture(scope="session")
+def settings():
+    return load_settings()
+
+
+@pytest.fixture(scope="session")
+def sentences() -> list[str]:
+    return VALIDATION_SENTENCES.read_text().splitlines()
+
+
+@pytest.fixture(scope="session")
+def exported(settings, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("export")
+    engine = settings.engine
+    export(
+        settings.model.source,
+        settings.model.task,
+        settings.model.max_tokens,
+        out,
+        engine.onnx_opset,
+        engine.onnx_tolerance,
+    )
+    return out
+
+
+@pytest.fixture(scope="session")
+def repository(settings, exported, tmp_path_factory) -> Path:
+    return generate(settings, exported, tmp_path_factory.mktemp("repo") / "model_repository")
+
+
+def start_server(settings, repository: Path, log_dir: Path) -> TritonServer:
+    # A build dir of its own keeps the test server's backend folder apart from `make serve`'s.
+    server_settings = dataclasses.replace(settings, server=dataclasses.replace(settings.server, build_dir=str(log_dir)))
+    ports = Ports(*free_ports(3))
+    return TritonServer(server_settings, repository, ports, "127.0.0.1", log_dir / "tritonserver.log").start()
+
+
+@pytest.fixture(scope="session")
+def server(settings, repository, tmp_path_factory):
+    triton = start_server(settings, repository, tmp_path_factory.mktemp("server"))
+    yield triton
+    triton.stop()
+
+
+@pytest.fixture(scope="session")
+def reference_model():
+    """sentence-transformers on the same checkpoint: the numerics reference."""
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(resolve_source(load_settings().model.source)), device="cpu")
+
+
+@pytest.fixture(scope="session")
+def classification_export(settings, tmp_path_factory) -> Path:
+    """A small random-init BERT with a 2-label head (labels from config.id2label)."""
+    out = tmp_path_factory.mktemp("export_classification")
+    export(
+        "random-init:bert-tiny",
+        "classification",
+        settings.model.max_tokens,
+        out,
+        settings.engine.onnx_opset,
+        settings.engine.onnx_tolerance,
+    )
+    return out

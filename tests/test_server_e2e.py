@@ -1,0 +1,120 @@
+"""End-to-end: the real tritonserver serves the ensemble over gRPC and HTTP; numerics vs sentence-transformers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from client import ClientError, TextClient
+from tests.conftest import start_server
+
+PROTOCOLS = ("grpc", "http")
+
+
+def url(server, protocol: str) -> str:
+    return server.grpc_url if protocol == "grpc" else server.http_url
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_embeddings_match_sentence_transformers(server, reference_model, sentences, protocol):
+    assert len(sentences) >= 20
+    reference = reference_model.encode(sentences, batch_size=8, convert_to_numpy=True)
+    with TextClient(url(server, protocol), protocol) as client:
+        served = np.concatenate([client.embed([text]) for text in sentences])
+    similarity = cosine(served, reference)
+    assert similarity.min() >= 0.9999, dict(zip(sentences, similarity.round(6), strict=True))
+
+
+def test_mixed_length_batch_equals_single_requests(server, sentences):
+    texts = sorted(sentences, key=len)[::3]  # short to very long (truncated) in one request
+    with TextClient(server.grpc_url, "grpc") as client:
+        batched = client.embed(texts)
+        singles = np.concatenate([client.embed([text]) for text in texts])
+    np.testing.assert_allclose(batched, singles, atol=2e-5)
+
+
+def test_concurrent_requests_are_batched(server, sentences):
+    stats_client = grpcclient.InferenceServerClient(server.grpc_url)
+
+    def counts():
+        stats = stats_client.get_inference_statistics("encoder", as_json=True)["model_stats"][0]
+        return int(stats.get("inference_count", 0)), int(stats.get("execution_count", 0))
+
+    before = counts()
+    texts = (sentences * 4)[:96]
+    with TextClient(server.grpc_url, "grpc") as client, ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(lambda text: client.embed([text]), texts))
+    assert all(r.shape == (1, 384) for r in results)
+    inferences, executions = (after - prior for after, prior in zip(counts(), before, strict=True))
+    assert inferences == len(texts)
+    assert executions < inferences, f"{executions} executions for {inferences} inferences: no dynamic batching"
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_cli_prints_embeddings(server, protocol):
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "client",
+            "embed",
+            "The CLI talks to Triton.",
+            "Second text",
+            "--url",
+            url(server, protocol),
+            "--protocol",
+            protocol,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    embeddings = np.array(json.loads(run.stdout)["embeddings"])
+    assert embeddings.shape == (2, 384)
+    with TextClient(server.grpc_url, "grpc") as client:
+        np.testing.assert_allclose(embeddings, client.embed(["The CLI talks to Triton.", "Second text"]), atol=1e-6)
+
+
+def test_invalid_utf8_is_rejected_and_server_keeps_serving(server):
+    data = np.array([b"\xff\xfe not utf-8"], dtype=np.object_).reshape(1, 1)
+    tensor = grpcclient.InferInput("text", [1, 1], "BYTES")
+    tensor.set_data_from_numpy(data)
+    with pytest.raises(Exception, match="not valid UTF-8"):
+        grpcclient.InferenceServerClient(server.grpc_url).infer("ensemble", [tensor])
+    with TextClient(server.grpc_url, "grpc") as client:
+        assert client.embed(["still serving"]).shape == (1, 384)
+
+
+def test_client_gives_up_on_a_dead_server_with_a_clear_error():
+    with pytest.raises(ClientError, match="unavailable"), TextClient("127.0.0.1:9", "grpc", timeout_s=2) as client:
+        client.embed(["nobody listens on port 9"])
+
+
+def test_classification_ensemble_returns_labels(settings, classification_export, tmp_path_factory):
+    import dataclasses
+
+    from model_repository.generate import generate
+
+    cls_settings = dataclasses.replace(settings, model=dataclasses.replace(settings.model, task="classification"))
+    root = generate(cls_settings, classification_export, tmp_path_factory.mktemp("cls_repo") / "repo")
+    server = start_server(cls_settings, root, tmp_path_factory.mktemp("cls_server"))
+    try:
+        with TextClient(server.http_url, "http") as client:
+            out = client.infer(["great movie", "terrible service, never again"])
+    finally:
+        server.stop()
+    assert out["scores"].shape == (2, 2)
+    np.testing.assert_allclose(out["scores"].sum(1), 1.0, rtol=1e-5)
+    assert set(out["label"]) <= {"LABEL_0", "LABEL_1"}
+    assert list(out["label"]) == [["LABEL_0", "LABEL_1"][i] for i in out["scores"].argmax(1)]
