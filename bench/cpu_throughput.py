@@ -65,8 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settings")
     parser.add_argument("--texts", type=int, default=2000)
     parser.add_argument("--st-batch-size", type=int, default=32, help="sentence-transformers encode() batch size")
-    parser.add_argument("--shapes", default="1x64,8x16,32x4",
-                        help="client load shapes, TEXTS_PER_REQUESTxCONCURRENCY, comma separated")
+    parser.add_argument(
+        "--shapes", default="1x64,8x16,32x4", help="client load shapes, TEXTS_PER_REQUESTxCONCURRENCY, comma separated"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     settings = load_settings(args.settings)
@@ -76,14 +77,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"sentence-transformers encode(batch_size={args.st_batch_size}): {reference:.1f} texts/s", flush=True)
     runs = []
     bench_settings = dataclasses.replace(settings, server=dataclasses.replace(settings.server, build_dir="build/bench"))
-    with TritonServer(bench_settings, settings.repository_dir, Ports(18500, 18501, 18502), "127.0.0.1") as server:
+    with TritonServer(bench_settings, settings.repository_dir, Ports.free(), "127.0.0.1") as server:
         for shape in args.shapes.split(","):
             per_request, concurrency = (int(x) for x in shape.split("x"))
             rate = asyncio.run(ensemble_rate(server.grpc_url, texts, per_request, concurrency))
-            runs.append({"texts_per_request": per_request, "concurrency": concurrency, "texts_per_s": round(rate, 1),
-                         "ratio_vs_sentence_transformers": round(rate / reference, 2)})
-            print(f"ensemble {per_request} text(s)/request x {concurrency} in flight: {rate:.1f} texts/s "
-                  f"= {rate / reference:.2f}x", flush=True)
+            runs.append(
+                {
+                    "texts_per_request": per_request,
+                    "concurrency": concurrency,
+                    "texts_per_s": round(rate, 1),
+                    "ratio_vs_sentence_transformers": round(rate / reference, 2),
+                }
+            )
+            print(
+                f"ensemble {per_request} text(s)/request x {concurrency} in flight: {rate:.1f} texts/s "
+                f"= {rate / reference:.2f}x",
+                flush=True,
+            )
     result = {
         "benchmark": "cpu_throughput",
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),

@@ -11,6 +11,7 @@ import argparse
 import importlib.util
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -110,6 +111,17 @@ class Ports:
     http: int
     grpc: int
     metrics: int
+
+    @classmethod
+    def free(cls) -> Ports:
+        """Three ports nothing listens on now (for tests and benchmarks beside a running server)."""
+        sockets = [socket.socket() for _ in range(3)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        ports = [sock.getsockname()[1] for sock in sockets]
+        for sock in sockets:
+            sock.close()
+        return cls(*ports)
 
 
 def server_command(settings: Settings, repository: Path, backends: Path, ports: Ports, host: str) -> list[str]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import socket
 import sys
 from pathlib import Path
 
@@ -18,18 +17,6 @@ from model_repository.settings import load_settings
 
 STAGES = Path(__file__).resolve().parent.parent / "model_repository" / "stages"
 sys.path.insert(0, str(STAGES))  # stage modules import each other by bare name, as inside Triton
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = []
-    for _ in range(count):
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        sockets.append(sock)
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
 
 
 @pytest.fixture(scope="session")
@@ -65,7 +52,7 @@ def repository(settings, exported, tmp_path_factory) -> Path:
 def start_server(settings, repository: Path, log_dir: Path) -> TritonServer:
     # A build dir of its own keeps the test server's backend folder apart from `make serve`'s.
     server_settings = dataclasses.replace(settings, server=dataclasses.replace(settings.server, build_dir=str(log_dir)))
-    ports = Ports(*free_ports(3))
+    ports = Ports.free()
     return TritonServer(server_settings, repository, ports, "127.0.0.1", log_dir / "tritonserver.log").start()
 
 
