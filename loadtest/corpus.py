@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 
-from export.checkpoint import tokenizer_file
 from model_repository.settings import load_settings
 from model_repository.stages.tokenization import load_tokenizer
 
@@ -74,9 +73,14 @@ def target_lengths(count: int, mean: float, sigma: float, low: int, high: int, s
     return [int(n) for n in np.clip(np.rint(rng.lognormal(mu, sigma, count)), low, high)]
 
 
+def default_tokenizer():
+    from export.checkpoint import tokenizer_file  # imports transformers: keep it out of load_text()'s path
+
+    return load_tokenizer(tokenizer_file(load_settings().model.source), 100_000)
+
+
 def build(count: int, mean: float, sigma: float, max_tokens: int, seed: int) -> list[str]:
-    settings = load_settings()
-    tokenizer = load_tokenizer(tokenizer_file(settings.model.source), 100_000)
+    tokenizer = default_tokenizer()
     sentences = docstring_sentences()
     rng = random.Random(seed)
     texts = []
@@ -101,10 +105,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     texts = build(args.count, args.mean_tokens, args.sigma, args.max_tokens, args.seed)
     args.out.write_text("\n".join(texts) + "\n")
-    tokenizer = load_tokenizer(tokenizer_file(load_settings().model.source), 100_000)
+    tokenizer = default_tokenizer()
     lengths = [len(e.ids) for e in tokenizer.encode_batch(texts)]
-    print(f"{len(texts)} texts -> {args.out}: tokens mean {statistics.mean(lengths):.1f}, "
-          f"p50 {statistics.median(lengths):.0f}, p99 {np.percentile(lengths, 99):.0f}, max {max(lengths)}")
+    print(
+        f"{len(texts)} texts -> {args.out}: tokens mean {statistics.mean(lengths):.1f}, "
+        f"p50 {statistics.median(lengths):.0f}, p99 {np.percentile(lengths, 99):.0f}, max {max(lengths)}"
+    )
 
 
 if __name__ == "__main__":

@@ -47,10 +47,21 @@ def triton_libs() -> Path:
     return _package_dir("pytriton").parent / "nvidia_pytriton.libs"
 
 
+def prebuilt_triton() -> tuple[Path, Path] | None:
+    """(tritonserver, backends dir) named by TRITONSERVER_BIN and TRITON_BACKENDS_DIR, if both are set.
+
+    For a tritonserver that does not come from the wheel (an unpacked copy on a GPU machine, say): its
+    backends folder must already hold the Python backend with the right stub, and LD_LIBRARY_PATH its libs.
+    """
+    binary, backends = os.environ.get("TRITONSERVER_BIN"), os.environ.get("TRITON_BACKENDS_DIR")
+    return (Path(binary), Path(backends)) if binary and backends else None
+
+
 def stub_environment() -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(triton_libs()), env.get("LD_LIBRARY_PATH")]))
+    if prebuilt_triton() is None:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(triton_libs()), env.get("LD_LIBRARY_PATH")]))
     return env
 
 
@@ -124,9 +135,9 @@ class Ports:
         return cls(*ports)
 
 
-def server_command(settings: Settings, repository: Path, backends: Path, ports: Ports, host: str) -> list[str]:
+def server_command(binary: Path, repository: Path, backends: Path, ports: Ports, host: str) -> list[str]:
     return [
-        str(triton_home() / "bin" / "tritonserver"),
+        str(binary),
         f"--model-repository={repository}",
         f"--backend-directory={backends}",
         f"--http-address={host}",
@@ -173,8 +184,13 @@ class TritonServer:
             raise ServerError(f"{self.repository} is not a generated model repository: run `make repo` first")
         env = stub_environment()
         _, version = check_stub_python(env)
-        backends = prepare_backends(self.settings.build_dir, version)
-        return server_command(self.settings, self.repository, backends, self.ports, self.host), env
+        prebuilt = prebuilt_triton()
+        if prebuilt:
+            binary, backends = prebuilt
+        else:
+            binary = triton_home() / "bin" / "tritonserver"
+            backends = prepare_backends(self.settings.build_dir, version)
+        return server_command(binary, self.repository, backends, self.ports, self.host), env
 
     def start(self, timeout_s: float = 180.0) -> TritonServer:
         command, env = self.command()
@@ -184,12 +200,16 @@ class TritonServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise ServerError(f"tritonserver exited with {self.process.returncode}; log: {self.log_path}")
+                raise ServerError(f"tritonserver exited with {self.process.returncode}; {self._log_tail()}")
             if self.model_ready("ensemble"):
                 return self
             time.sleep(0.25)
         self.stop()
-        raise ServerError(f"tritonserver not ready after {timeout_s:.0f} s; log: {self.log_path}")
+        raise ServerError(f"tritonserver not ready after {timeout_s:.0f} s; {self._log_tail()}")
+
+    def _log_tail(self, lines: int = 40) -> str:
+        tail = self.log_path.read_text(errors="replace").splitlines()[-lines:]
+        return f"last lines of {self.log_path}:\n" + "\n".join(tail)
 
     def model_ready(self, model: str) -> bool:
         url = f"http://{self.http_url}/v2/models/{model}/ready"
