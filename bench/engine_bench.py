@@ -1,0 +1,557 @@
+"""Engine-only benchmark of engine_torch_gpu on BERT-base against transformers fp16 (SDPA, padded batches).
+
+    python bench/engine_bench.py --out DIR [--variants] [--device cuda:0]
+
+Model: BertConfig() sizes (12 layers, hidden 768, 12 heads, intermediate 3072, vocab 30522) with random
+weights (normal(0, 0.02) as transformers initializes them, seed 0), written as config.json + model.safetensors
++ serving.json (mean pooling, L2 normalize) into a temporary folder; the engine loads it without transformers.
+
+Lengths: L = clip(round(exp(N(mu, 0.5))), 8, 128) with mu = ln(45) - 0.5**2 / 2 (a lognormal whose unclipped
+mean is 45), numpy default_rng(1234); token ids uniform in [1000, 30000) between [CLS] (101) and [SEP] (102).
+
+Each timed call is what the Triton encoder stage sees: a list of host int32 arrays in, a host float32
+[N, 768] array out (packing, copies and synchronization included). For each batch size a fixed set of
+batches is drawn, run once untimed (this captures the engine's CUDA graphs for the buckets they hit), then
+timed in rounds; sequences/s = sequences / summed call time, p50/p99 over the calls. The transformers
+baseline pads every batch to its longest sequence and computes the same pooling + normalize, in the same run.
+Writes DIR/engine_bench.json and prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import json
+import math
+import platform
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "model_repository" / "stages"))
+
+from engine import ServingSpec, load_engine  # noqa: E402
+
+BATCH_SIZES = (1, 8, 32, 128, 512, 1024)
+SIGMA = 0.5
+MEAN_LEN = 45
+BERT_BASE = {
+    "vocab_size": 30522,
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "intermediate_size": 3072,
+    "max_position_embeddings": 512,
+    "type_vocab_size": 2,
+    "layer_norm_eps": 1e-12,
+    "hidden_act": "gelu",
+}
+
+
+# ----------------------------------------------------------------------------------------------------------
+def write_bert_base(folder: Path, seed: int = 0) -> Path:
+    """Random BertModel weights with HF names, as transformers' BertModel(BertConfig()) would initialize them."""
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(seed)
+    c = BERT_BASE
+    h, inter = c["hidden_size"], c["intermediate_size"]
+
+    def normal(*shape):
+        return (torch.randn(*shape, generator=g) * 0.02).contiguous()
+
+    sd = {
+        "embeddings.word_embeddings.weight": normal(c["vocab_size"], h),
+        "embeddings.position_embeddings.weight": normal(c["max_position_embeddings"], h),
+        "embeddings.token_type_embeddings.weight": normal(c["type_vocab_size"], h),
+        "embeddings.LayerNorm.weight": torch.ones(h),
+        "embeddings.LayerNorm.bias": torch.zeros(h),
+        "pooler.dense.weight": normal(h, h),
+        "pooler.dense.bias": torch.zeros(h),
+    }
+    for i in range(c["num_hidden_layers"]):
+        p = f"encoder.layer.{i}."
+        for name, (o, k) in {
+            "attention.self.query": (h, h),
+            "attention.self.key": (h, h),
+            "attention.self.value": (h, h),
+            "attention.output.dense": (h, h),
+            "intermediate.dense": (inter, h),
+            "output.dense": (h, inter),
+        }.items():
+            sd[p + name + ".weight"] = normal(o, k)
+            sd[p + name + ".bias"] = torch.zeros(o)
+        for ln in ("attention.output.LayerNorm", "output.LayerNorm"):
+            sd[p + ln + ".weight"] = torch.ones(h)
+            sd[p + ln + ".bias"] = torch.zeros(h)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(sd, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config = {
+        "architectures": ["BertModel"],
+        "model_type": "bert",
+        "attention_probs_dropout_prob": 0.1,
+        "hidden_dropout_prob": 0.1,
+        "initializer_range": 0.02,
+        "pad_token_id": 0,
+        "position_embedding_type": "absolute",
+        **c,
+    }
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    ServingSpec("embedding", "mean", True, h, h, (), 512, 0).save(folder)
+    return folder
+
+
+def draw_lengths(rng: np.random.Generator, n: int) -> np.ndarray:
+    mu = math.log(MEAN_LEN) - SIGMA**2 / 2
+    return np.clip(np.rint(rng.lognormal(mu, SIGMA, size=n)), 8, 128).astype(np.int64)
+
+
+def draw_batch(rng: np.random.Generator, size: int) -> list[np.ndarray]:
+    out = []
+    for n in draw_lengths(rng, size):
+        ids = rng.integers(1000, 30000, size=int(n), dtype=np.int32)
+        ids[0], ids[-1] = 101, 102
+        out.append(ids)
+    return out
+
+
+def batches_for(batch_size: int, seed: int) -> list[list[np.ndarray]]:
+    rng = np.random.default_rng(1234 + batch_size + seed)
+    count = int(min(64, max(6, 8192 // batch_size)))
+    return [draw_batch(rng, batch_size) for _ in range(count)]
+
+
+def time_calls(fn, batches, min_calls: int, min_seconds: float) -> dict:
+    """Untimed pass over every batch, then rounds over them until both minimums are reached."""
+    for b in batches:
+        fn(b)
+    torch.cuda.synchronize()
+    lat, seqs, tokens = [], 0, 0
+    start = time.perf_counter()
+    while len(lat) < min_calls or time.perf_counter() - start < min_seconds:
+        for b in batches:
+            t0 = time.perf_counter()
+            fn(b)
+            lat.append(time.perf_counter() - t0)
+            seqs += len(b)
+            tokens += sum(len(s) for s in b)
+        if len(lat) > 20 * min_calls:
+            break
+    lat_ms = np.array(lat) * 1e3
+    total = float(np.sum(lat))
+    return {
+        "calls": len(lat),
+        "seq_per_s": seqs / total,
+        "tokens_per_s": tokens / total,
+        "p50_ms": float(np.percentile(lat_ms, 50)),
+        "p99_ms": float(np.percentile(lat_ms, 99)),
+        "mean_ms": float(lat_ms.mean()),
+    }
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1) + 1e-30)
+
+
+# ----------------------------------------------------------------------------------------------------------
+class HFBaseline:
+    """transformers BertModel (SDPA), each batch padded to its longest sequence, same pooling + normalize."""
+
+    def __init__(self, model_dir: Path, device: str, dtype: torch.dtype) -> None:
+        from transformers import BertModel
+
+        self.device = device
+        self.model = BertModel.from_pretrained(str(model_dir), dtype=dtype, attn_implementation="sdpa")
+        self.model = self.model.to(device).eval()
+
+    @torch.inference_mode()
+    def __call__(self, seqs: list[np.ndarray]) -> np.ndarray:
+        width = max(len(s) for s in seqs)
+        ids = np.zeros((len(seqs), width), dtype=np.int64)
+        mask = np.zeros((len(seqs), width), dtype=np.int64)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)] = s
+            mask[i, : len(s)] = 1
+        ids_t = torch.from_numpy(ids).to(self.device, non_blocking=True)
+        mask_t = torch.from_numpy(mask).to(self.device, non_blocking=True)
+        hidden = self.model(input_ids=ids_t, attention_mask=mask_t).last_hidden_state.float()
+        m = mask_t[..., None].float()
+        pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+        return torch.nn.functional.normalize(pooled, p=2, dim=1).cpu().numpy()
+
+
+def memory_peak(device) -> dict:
+    return {
+        "max_allocated_mib": torch.cuda.max_memory_allocated(device) / 2**20,
+        "max_reserved_mib": torch.cuda.max_memory_reserved(device) / 2**20,
+    }
+
+
+VARIANTS = [
+    ("default", {}),
+    ("gelu=exact (Triton erf kernel)", {"gelu": "exact"}),
+    ("residual_gemm=false", {"residual_gemm": False}),
+    ("attn=flash (aten FA2 varlen)", {"attention": "flash"}),
+    ("kernels=torch ops", {"kernels": "torch"}),
+    ("all torch: flash, torch ops, exact", {"attention": "flash", "kernels": "torch", "gelu": "exact"}),
+    ("bf16", {"precision": "bf16"}),
+    ("no CUDA graphs", {"cuda_graphs": False}),
+    ("graphs up to 65536 tokens", {"max_graph_tokens": 65536}),
+    ("attn warps 2", {"attn_warps": 2}),
+    ("attn warps 8", {"attn_warps": 8}),
+    ("attn stages 1", {"attn_stages": 1}),
+    ("attn stages 3", {"attn_stages": 3}),
+    ("attn tiles 32x64", {"attn_block_m": 32, "attn_block_n": 64}),
+]
+
+
+def spin_up(device, seconds: float = 2.0) -> None:
+    """Busy matrix products first, so that clocks are up before anything is timed."""
+    a = torch.randn(8192, 8192, device=device, dtype=torch.float16)
+    end = time.time() + seconds
+    while time.time() < end:
+        for _ in range(10):
+            a @ a
+        torch.cuda.synchronize(device)
+    del a
+
+
+KERNEL_GROUPS = (
+    ("gemm", ("gemm", "sm90", "cutlass", "nvjet", "cublas", "xmma")),
+    ("attention", ("varlen_attn", "flash", "fmha", "attention")),
+    ("layernorm", ("add_ln", "layer_norm")),
+    ("gelu", ("gelu",)),
+    ("embedding", ("embed",)),
+    ("pooling", ("pool", "index_add", "scatter")),
+    ("copies", ("memcpy", "memset", "copy")),
+)
+
+
+def diagnose(model_dir, device, base_opts, batch, reps: int = 10) -> dict:
+    """Where one large-batch call spends its time: host phases of the eager path, GPU span, graph replay alone."""
+    eng = load_engine("torch_gpu", model_dir, device, {**base_opts, "max_graph_tokens": 65536})
+    n = len(batch)
+    acc: dict[str, float] = {}
+    for rep in range(reps + 2):
+        t0 = time.perf_counter()
+        lens = np.fromiter((len(s) for s in batch), dtype=np.int64, count=n)
+        tokens, max_len = int(lens.sum()), int(lens.max())
+        size = eng._layout_size(tokens, n)
+        if size > eng._host_in.numel():
+            eng._host_in = torch.empty(size, dtype=torch.int32, pin_memory=True)
+        eng._pack(eng._host_in.numpy()[:size], batch, lens, tokens, n)
+        t1 = time.perf_counter()
+        with torch.inference_mode(), torch.cuda.stream(eng.stream):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            dev = eng._host_in[:size].to(eng.torch_device, non_blocking=True)
+            ids, cu, tiles = eng._views(dev, tokens, n)
+            out = eng._encode(ids, cu, tiles, n, max_len)
+            e1.record()
+            t2 = time.perf_counter()
+            eng._host_out[:n].copy_(out[:n], non_blocking=True)
+            eng.stream.synchronize()
+        t3 = time.perf_counter()
+        eng._host_out[:n].numpy().copy()
+        t4 = time.perf_counter()
+        if rep >= 2:
+            for k, v in (
+                ("host_pack_ms", t1 - t0),
+                ("launch_ms", t2 - t1),
+                ("wait_ms", t3 - t2),
+                ("numpy_out_ms", t4 - t3),
+                ("total_ms", t4 - t0),
+                ("gpu_span_ms", e0.elapsed_time(e1) / 1e3),
+            ):
+                acc[k] = acc.get(k, 0.0) + v * 1e3 / reps
+    # The captured graph for this batch, replayed back to back: GPU time with no host work at all.
+    eng.forward(batch)
+    (graph, _), *_ = eng._graphs.values()
+    with torch.cuda.stream(eng.stream):
+        graph.replay()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(30):
+            graph.replay()
+        e1.record()
+    e1.synchronize()
+    acc["graph_replay_ms"] = e0.elapsed_time(e1) / 30
+    acc["graph_tokens"] = next(iter(eng._graphs))[0]
+    acc["tokens"] = int(sum(len(s) for s in batch))
+    del eng
+    return acc
+
+
+def profile_engine(model_dir, device, base_opts, batch, out_dir: Path) -> dict:
+    """Kernel time by kind for one batch, eager (no graphs) so that each kernel shows."""
+    from torch.profiler import ProfilerActivity, profile
+
+    eng = load_engine("torch_gpu", model_dir, device, {**base_opts, "cuda_graphs": False})
+    for _ in range(3):
+        eng.forward(batch)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            eng.forward(batch)
+    groups: dict[str, float] = {}
+    rows = []
+    for evt in prof.key_averages():
+        t = getattr(evt, "self_device_time_total", None)
+        if t is None:
+            t = getattr(evt, "self_cuda_time_total", 0.0)
+        if not t:
+            continue
+        name = evt.key
+        low = name.lower()
+        kind = next((g for g, keys in KERNEL_GROUPS if any(k in low for k in keys)), "other")
+        groups[kind] = groups.get(kind, 0.0) + t / 3 / 1e3
+        rows.append((t / 3 / 1e3, evt.count // 3, kind, name[:110]))
+    rows.sort(reverse=True)
+    text = "\n".join(f"{ms:8.3f} ms  x{n:<4} {kind:<10} {name}" for ms, n, kind, name in rows[:40])
+    (out_dir / "engine_profile.txt").write_text(text + "\n")
+    del eng
+    return {"batch": len(batch), "ms_per_forward_by_kind": groups, "total_ms": sum(groups.values())}
+
+
+def run_variants(model_dir, device, base_opts, results, save, budget_end) -> None:
+    sets = {bs: batches_for(bs, seed=7)[: (8 if bs >= 128 else 32)] for bs in (1, 128, 1024)}
+    ref_batch = sets[128][0]
+    base_out = None
+    for name, opts in VARIANTS:
+        if time.time() > budget_end:
+            results["variants"].append({"name": name, "options": opts, "skipped": "time budget"})
+            continue
+        row = {"name": name, "options": opts}
+        print(f"[variant] {name} ...", flush=True)
+        try:
+            t0 = time.time()
+            eng = load_engine("torch_gpu", model_dir, device, {**base_opts, **opts})
+            row["resolved"] = {"attention": eng.attention, "kernels": eng.kernels, "gelu": eng.gelu}
+            out = eng.forward(ref_batch)
+            row["first_call_s"] = time.time() - t0
+            if base_out is None:
+                base_out = out
+            row["cos_vs_default_min"] = float(cosine(out, base_out).min())
+            for bs, batches in sets.items():
+                r = time_calls(eng.forward, batches, min_calls=(200 if bs == 1 else 16), min_seconds=0.3)
+                row[f"bs{bs}"] = r
+            row["graphs"] = len(getattr(eng, "_graphs", {}))
+            print(
+                f"[variant] {name}: bs1 p50 {row['bs1']['p50_ms']:.3f} ms, bs128 {row['bs128']['seq_per_s']:.0f} seq/s,"
+                f" bs1024 {row['bs1024']['seq_per_s']:.0f} seq/s, cos {row['cos_vs_default_min']:.5f}",
+                flush=True,
+            )
+            del eng
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {exc}"
+            print(f"[variant] {name} failed: {row['error']}", flush=True)
+            traceback.print_exc()
+        results["variants"].append(row)
+        gc.collect()
+        torch.cuda.empty_cache()
+        save()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--precision", default="fp16")
+    ap.add_argument("--batch-sizes", default=",".join(map(str, BATCH_SIZES)))
+    ap.add_argument("--variants", action="store_true", help="also time the engine variants (attention, kernels...)")
+    ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="kernel time by kind at the largest batch (eager)")
+    ap.add_argument("--diagnose", action="store_true", help="host/GPU time split of one largest-batch call")
+    ap.add_argument("--budget-s", type=float, default=240.0, help="skip remaining variants past this many seconds")
+    ap.add_argument("--option", action="append", default=[], help="engine option key=value (repeatable)")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("engine_bench needs a CUDA device", file=sys.stderr)
+        return 2
+    started = time.time()
+    args.out.mkdir(parents=True, exist_ok=True)
+    device = torch.device(args.device)
+    base_opts = {"precision": args.precision}
+    for kv in args.option:
+        k, v = kv.split("=", 1)
+        base_opts[k] = v
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    lens = draw_lengths(np.random.default_rng(1234), 100_000)
+    results: dict = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv),
+        "gpu": torch.cuda.get_device_name(device),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "model": "BERT-base (BertConfig() sizes), random weights, mean pooling + L2 normalize",
+        "lengths": {
+            "law": f"clip(round(lognormal(ln({MEAN_LEN}) - {SIGMA}^2/2, {SIGMA})), 8, 128), numpy default_rng",
+            "mean": float(lens.mean()),
+            "p50": float(np.percentile(lens, 50)),
+            "p99": float(np.percentile(lens, 99)),
+        },
+        "engine_options": base_opts,
+        "engine": {},
+        "baseline_transformers_fp16": {},
+        "variants": [],
+    }
+    try:
+        import triton
+
+        results["triton"] = triton.__version__
+    except Exception:
+        results["triton"] = None
+    try:
+        import transformers
+
+        results["transformers"] = transformers.__version__
+    except Exception:
+        results["transformers"] = None
+    out_file = args.out / "engine_bench.json"
+
+    def save():
+        out_file.write_text(json.dumps(results, indent=2) + "\n")
+
+    tmp = Path(tempfile.mkdtemp(prefix="bert_base_"))
+    model_dir = write_bert_base(tmp / "model")
+    spin_up(device)
+    print(f"lengths: mean {results['lengths']['mean']:.1f}, p50 {results['lengths']['p50']:.0f}", flush=True)
+
+    # --- engine -------------------------------------------------------------------------------------------
+    torch.cuda.reset_peak_memory_stats(device)
+    t0 = time.time()
+    engine = load_engine("torch_gpu", model_dir, args.device, base_opts)
+    results["engine_load_s"] = time.time() - t0
+    results["engine_resolved"] = {"attention": engine.attention, "kernels": engine.kernels, "gelu": engine.gelu}
+    print(f"engine: {results['engine_resolved']} loaded in {results['engine_load_s']:.1f}s", flush=True)
+    batch_sets = {bs: batches_for(bs, seed=0) for bs in batch_sizes}
+    for bs in batch_sizes:
+        t0 = time.time()
+        r = time_calls(engine.forward, batch_sets[bs], min_calls=(300 if bs <= 8 else 24), min_seconds=0.5)
+        r["wall_s_incl_capture"] = time.time() - t0
+        results["engine"][str(bs)] = r
+        print(
+            f"engine bs={bs}: {r['seq_per_s']:.0f} seq/s, p50 {r['p50_ms']:.3f}, p99 {r['p99_ms']:.3f} ms", flush=True
+        )
+        save()
+    results["engine_memory"] = memory_peak(device)
+    results["engine_graphs"] = len(engine._graphs)
+    # Host-side packing alone (numpy into the pinned buffer) at the largest batch.
+    big = batch_sets[max(batch_sizes)][0]
+    blens = np.array([len(s) for s in big])
+    size = engine._layout_size(engine._token_bucket(int(blens.sum())), len(big))
+    buf = np.empty(size, dtype=np.int32)
+    t0 = time.perf_counter()
+    for _ in range(20):
+        engine._pack(buf, big, blens, engine._token_bucket(int(blens.sum())), len(big))
+    results["host_pack_ms_largest_batch"] = (time.perf_counter() - t0) / 20 * 1e3
+    save()
+
+    # --- numerics: fp16 engine vs fp32 transformers on a bench batch ---------------------------------------
+    check = batch_sets[128][0] if 128 in batch_sets else batch_sets[batch_sizes[-1]][0]
+    engine_out = engine.forward(check)
+    del engine
+    gc.collect()
+    torch.cuda.empty_cache()
+    try:
+        ref32 = HFBaseline(model_dir, args.device, torch.float32)
+        ref = ref32(check)
+        cos = cosine(engine_out, ref)
+        mean = ref.mean(0, keepdims=True)
+        results["numerics"] = {
+            "batch": len(check),
+            "engine_vs_transformers_fp32_cos_min": float(cos.min()),
+            # random-init BERT gives near-parallel embeddings: the cosine after removing the mean row is stricter
+            "engine_vs_transformers_fp32_centered_cos_min": float(cosine(engine_out - mean, ref - mean).min()),
+            "engine_vs_transformers_fp32_cos_mean": float(cos.mean()),
+            "engine_vs_transformers_fp32_max_abs": float(np.abs(engine_out - ref).max()),
+        }
+        del ref32
+    except Exception as exc:
+        results["numerics"] = {"error": f"{type(exc).__name__}: {exc}"}
+    gc.collect()
+    torch.cuda.empty_cache()
+    save()
+
+    # --- transformers fp16 baseline ------------------------------------------------------------------------
+    if not args.no_baseline:
+        try:
+            torch.cuda.reset_peak_memory_stats(device)
+            base = HFBaseline(model_dir, args.device, torch.float16)
+            base_out = base(check)
+            if "numerics" in results and "error" not in results["numerics"]:
+                results["numerics"]["transformers_fp16_vs_fp32_cos_min"] = float(cosine(base_out, ref).min())
+            for bs in batch_sizes:
+                r = time_calls(base, batch_sets[bs], min_calls=(100 if bs <= 8 else 8), min_seconds=0.3)
+                results["baseline_transformers_fp16"][str(bs)] = r
+                print(f"transformers bs={bs}: {r['seq_per_s']:.0f} seq/s, p50 {r['p50_ms']:.3f} ms", flush=True)
+                save()
+            results["baseline_memory"] = memory_peak(device)
+            del base
+        except Exception as exc:
+            results["baseline_error"] = f"{type(exc).__name__}: {exc}"
+            traceback.print_exc()
+        gc.collect()
+        torch.cuda.empty_cache()
+        save()
+
+    # --- kernel time by kind, host/GPU split ----------------------------------------------------------------
+    big_batch = batch_sets[max(batch_sizes)][0]
+    for flag, key, fn in (
+        (args.profile, "profile", lambda: profile_engine(model_dir, args.device, base_opts, big_batch, args.out)),
+        (args.diagnose, "diagnose", lambda: diagnose(model_dir, args.device, base_opts, big_batch)),
+    ):
+        if not flag:
+            continue
+        try:
+            results[key] = fn()
+            print(f"{key}: {json.dumps(results[key])}", flush=True)
+        except Exception as exc:
+            results[key] = {"error": f"{type(exc).__name__}: {exc}"}
+            traceback.print_exc()
+        gc.collect()
+        torch.cuda.empty_cache()
+        save()
+
+    # --- variants ------------------------------------------------------------------------------------------
+    if args.variants:
+        run_variants(model_dir, args.device, base_opts, results, save, started + args.budget_s)
+
+    results["total_s"] = time.time() - started
+    save()
+    print_table(results)
+    return 0
+
+
+def print_table(results: dict) -> None:
+    if results["variants"]:
+        print("\nvariants (bs1 p50 ms | bs128 seq/s | bs1024 seq/s | min cos vs default):")
+        for v in results["variants"]:
+            if "bs1024" in v:
+                print(
+                    f"  {v['name']:<34} {v['bs1']['p50_ms']:7.3f} | {v['bs128']['seq_per_s']:9.0f} |"
+                    f" {v['bs1024']['seq_per_s']:9.0f} | {v['cos_vs_default_min']:.5f}"
+                )
+            else:
+                print(f"  {v['name']:<34} {v.get('error') or v.get('skipped')}")
+    num = results.get("numerics", {})
+    print(f"\nnumerics: {json.dumps(num)}")
+    print(f"memory: engine {results.get('engine_memory')}, transformers {results.get('baseline_memory')}")
+    mean_len = results["lengths"]["mean"]
+    print(f"{results['gpu']}, torch {results['torch']}, {results['date']}; lengths mean {mean_len:.1f}")
+    head = f"{'batch':>6} | {'engine seq/s':>12} {'p50 ms':>8} {'p99 ms':>8} | {'HF fp16 seq/s':>13} {'p50 ms':>8}"
+    print(head + " | speedup")
+    for bs, r in results["engine"].items():
+        b = results["baseline_transformers_fp16"].get(bs)
+        base = f"{b['seq_per_s']:13.0f} {b['p50_ms']:8.3f} | {r['seq_per_s'] / b['seq_per_s']:6.2f}x" if b else "-"
+        print(f"{bs:>6} | {r['seq_per_s']:12.0f} {r['p50_ms']:8.3f} {r['p99_ms']:8.3f} | {base}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

