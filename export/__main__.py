@@ -29,7 +29,15 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def export(source: str, task: str, max_tokens: int, out_dir: Path, opset: int, tolerance: float) -> dict:
+def export(
+    source: str,
+    task: str,
+    max_tokens: int,
+    out_dir: Path,
+    opset: int,
+    tolerance: float,
+    tokenizer_json: Path | None = None,
+) -> dict:
     started = time.perf_counter()
     folder = resolve_source(source)
     model = load_model(source, task)
@@ -48,7 +56,7 @@ def export(source: str, task: str, max_tokens: int, out_dir: Path, opset: int, t
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
-    shutil.copyfile(tokenizer_file(source), out_dir / "tokenizer.json")
+    shutil.copyfile(tokenizer_json or tokenizer_file(source), out_dir / "tokenizer.json")
     spec.save(out_dir)
 
     module = ServingModule(model, task, pooling).eval()
@@ -82,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--source", help="override model.source: a folder, package:<name> or random-init:<preset>")
     parser.add_argument("--random-init", metavar="PRESET", help="shorthand for --source random-init:PRESET")
     parser.add_argument("--task", choices=("embedding", "classification"), help="override model.task")
+    parser.add_argument("--tokenizer", type=Path, help="tokenizer.json to use instead of the checkpoint's own")
     parser.add_argument("--out", type=Path, help="output folder (default: the settings' export folder)")
     args = parser.parse_args(argv)
     try:
@@ -94,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             args.out or settings.export_dir,
             settings.engine.onnx_opset,
             settings.engine.onnx_tolerance,
+            args.tokenizer,
         )
     except (SettingsError, CheckpointError) as exc:
         print(f"export failed: {exc}", file=sys.stderr)

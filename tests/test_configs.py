@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -133,3 +134,22 @@ def test_classification_repository(classification_export, tmp_path):
     root = generate(settings, classification_export, tmp_path / "repo")
     check_repository(root, settings, ServingSpec.load(classification_export))
     shutil.rmtree(root)
+
+
+@pytest.mark.parametrize("gpu_count", [1, 2, 4, 8])
+def test_multi_gpu_placement(settings, exported, tmp_path, gpu_count):
+    """encoder.gpus places `instances` encoder instances on each listed GPU; the tokenizer stays on the CPU."""
+    gpus = tuple(range(gpu_count))
+    multi = dataclasses.replace(
+        settings,
+        engine=dataclasses.replace(settings.engine, kind="torch_gpu", precision="fp16"),
+        encoder=dataclasses.replace(settings.encoder, gpus=gpus, instances=4),
+        tokenizer=dataclasses.replace(settings.tokenizer, instances=8 * gpu_count),
+    )
+    root = generate(multi, exported, tmp_path / "repo")
+    check_repository(root, multi, ServingSpec.load(exported))
+    (encoder_group,) = parse(root / "encoder" / "config.pbtxt").instance_group
+    assert encoder_group.kind == mc.ModelInstanceGroup.KIND_GPU
+    assert tuple(encoder_group.gpus) == gpus and encoder_group.count == 4  # Triton: count is per listed GPU
+    (tokenizer_group,) = parse(root / "tokenizer" / "config.pbtxt").instance_group
+    assert tokenizer_group.kind == mc.ModelInstanceGroup.KIND_CPU and tokenizer_group.count == 8 * gpu_count

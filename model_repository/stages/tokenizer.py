@@ -8,6 +8,7 @@ encoder strips the padding again using the mask.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
@@ -18,6 +19,9 @@ from tokenization import load_tokenizer
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         config = json.loads(args["model_config"])
+        if sum(group["count"] for group in config["instance_group"]) > 1:
+            # Parallelism then comes from the instances; a thread pool per instance would oversubscribe the cores.
+            os.environ["TOKENIZERS_PARALLELISM"] = "false"
         params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
         version_dir = Path(args["model_repository"]) / args["model_version"]
         self.tokenizer = load_tokenizer(version_dir / "tokenizer.json", int(params["max_tokens"]))

@@ -1,0 +1,37 @@
+"""python -m tests.golden.make_golden: regenerate minilm.npz, the stored golden inputs and outputs.
+
+Inputs are the token ids of export/validation_sentences.txt (truncated to the default max_tokens);
+outputs are sentence-transformers' fp32 embeddings of the same sentences on the CPU. Regenerate only
+when the reference itself is meant to change, and say why in the commit.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from export.checkpoint import resolve_source, tokenizer_file
+from export.onnx_export import VALIDATION_SENTENCES
+from model_repository.settings import load_settings
+from model_repository.stages.tokenization import load_tokenizer
+
+GOLDEN = Path(__file__).with_name("minilm.npz")
+
+
+def main() -> None:
+    from sentence_transformers import SentenceTransformer
+
+    settings = load_settings()
+    sentences = VALIDATION_SENTENCES.read_text().splitlines()
+    tokenizer = load_tokenizer(tokenizer_file(settings.model.source), settings.model.max_tokens)
+    ids = [np.array(e.ids, dtype=np.int32) for e in tokenizer.encode_batch(sentences)]
+    model = SentenceTransformer(str(resolve_source(settings.model.source)), device="cpu")
+    embeddings = model.encode(sentences, batch_size=1, convert_to_numpy=True).astype(np.float32)
+    lengths = np.array([len(x) for x in ids], dtype=np.int32)
+    np.savez_compressed(GOLDEN, ids=np.concatenate(ids), lengths=lengths, embeddings=embeddings)
+    print(f"wrote {GOLDEN}: {len(ids)} sequences, {lengths.sum()} tokens")
+
+
+if __name__ == "__main__":
+    main()
