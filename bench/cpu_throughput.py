@@ -63,10 +63,10 @@ async def ensemble_rate(url: str, texts: list[str], per_request: int, concurrenc
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.cpu_throughput", description=__doc__)
     parser.add_argument("--settings")
-    parser.add_argument("--texts", type=int, default=2000)
+    parser.add_argument("--texts", type=int, default=1500)
     parser.add_argument("--st-batch-size", type=int, default=32, help="sentence-transformers encode() batch size")
     parser.add_argument(
-        "--shapes", default="1x64,8x16,32x4", help="client load shapes, TEXTS_PER_REQUESTxCONCURRENCY, comma separated"
+        "--shapes", default="1x64,8x16,32x8", help="client load shapes, TEXTS_PER_REQUESTxCONCURRENCY, comma separated"
     )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
