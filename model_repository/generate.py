@@ -61,19 +61,28 @@ def _parameters(values: dict[str, object]) -> dict[str, mc.ModelParameter]:
     return {key: mc.ModelParameter(string_value=str(value)) for key, value in values.items()}
 
 
-def tokenizer_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
-    stage = settings.tokenizer
+def _python_stage(name: str, stage: StageSettings, **fields) -> mc.ModelConfig:
+    """A Python-backend stage with the settings' batch size, dynamic batching and instance group."""
     return mc.ModelConfig(
-        name="tokenizer",
+        name=name,
         backend="python",
         max_batch_size=stage.max_batch_size,
+        dynamic_batching=_batching(stage),
+        instance_group=_instances(stage),
+        **fields,
+    )
+
+
+def tokenizer_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
+    stage = settings.tokenizer
+    return _python_stage(
+        "tokenizer",
+        stage,
         input=[_tensor(mc.ModelInput, "text", mc.TYPE_STRING, [1])],
         output=[
             _tensor(mc.ModelOutput, "input_ids", mc.TYPE_INT32, [-1]),
             _tensor(mc.ModelOutput, "attention_mask", mc.TYPE_INT32, [-1]),
         ],
-        dynamic_batching=_batching(stage),
-        instance_group=_instances(stage),
         parameters=_parameters({"max_tokens": settings.model.max_tokens, "pad_token_id": spec.pad_token_id}),
         model_warmup=[
             mc.ModelWarmup(
@@ -93,17 +102,14 @@ def encoder_config(settings: Settings, spec: ServingSpec, warmup_tokens: int) ->
         name: mc.ModelWarmup.Input(data_type=mc.TYPE_INT32, dims=[warmup_tokens], input_data_file=name)
         for name in ("input_ids", "attention_mask")
     }
-    return mc.ModelConfig(
-        name="encoder",
-        backend="python",
-        max_batch_size=stage.max_batch_size,
+    return _python_stage(
+        "encoder",
+        stage,
         input=[
             _tensor(mc.ModelInput, "input_ids", mc.TYPE_INT32, [-1], **ragged),
             _tensor(mc.ModelInput, "attention_mask", mc.TYPE_INT32, [-1], **ragged),
         ],
         output=[_tensor(mc.ModelOutput, spec.output_name, mc.TYPE_FP32, [spec.output_size])],
-        dynamic_batching=_batching(stage),
-        instance_group=_instances(stage),
         parameters=_parameters({"engine_kind": engine.kind, "precision": engine.precision, "threads": engine.threads}),
         model_warmup=[
             mc.ModelWarmup(name=f"tokens_batch_{size}", batch_size=size, inputs=warmup_inputs)
@@ -113,18 +119,14 @@ def encoder_config(settings: Settings, spec: ServingSpec, warmup_tokens: int) ->
 
 
 def postprocess_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
-    stage = settings.postprocess
-    return mc.ModelConfig(
-        name="postprocess",
-        backend="python",
-        max_batch_size=stage.max_batch_size,
+    return _python_stage(
+        "postprocess",
+        settings.postprocess,
         input=[_tensor(mc.ModelInput, "logits", mc.TYPE_FP32, [spec.output_size])],
         output=[
             _tensor(mc.ModelOutput, "scores", mc.TYPE_FP32, [spec.output_size]),
             _tensor(mc.ModelOutput, "label", mc.TYPE_STRING, [1]),
         ],
-        dynamic_batching=_batching(stage),
-        instance_group=_instances(stage),
     )
 
 
