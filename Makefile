@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := build/stamps/$(subst /,_,$(SETTINGS))
 
-.PHONY: setup export repo serve test lint bench clean
+.PHONY: setup export engines repo serve test lint bench clean
 
 setup: $(VENV)/.installed
 
@@ -20,6 +20,12 @@ export: $(STAMP).export
 $(STAMP).export: $(VENV)/.installed $(SETTINGS) $(wildcard export/*.py export/*.txt)
 	$(PY) -m export --settings $(SETTINGS)
 	@mkdir -p $(dir $@) && touch $@
+
+# TensorRT plans (engine.kind = "tensorrt"): here if TensorRT and a GPU are present, else in the pinned
+# NGC container (docker/versions.env), else a clear message saying what to run where. The builder skips
+# the build when the ONNX model, profiles, precision, TensorRT version and GPU are unchanged.
+engines: $(STAMP).export
+	$(PY) -m export.tensorrt --settings $(SETTINGS)
 
 # Generate the Triton model repository (every config.pbtxt) from the settings file.
 repo: $(STAMP).repo

@@ -42,9 +42,10 @@ class ServingModule(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         token_type_ids = torch.zeros_like(input_ids)
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        # The head and pooling run in fp32 whatever the encoder's precision: outputs are always float32.
         if self.task == "classification":
-            return out.logits
-        return pool(out.last_hidden_state, attention_mask, self.pooling)
+            return out.logits.float()
+        return pool(out.last_hidden_state.float(), attention_mask, self.pooling)
 
 
 def export_onnx(module: ServingModule, path: Path, output_name: str, opset: int) -> None:

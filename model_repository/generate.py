@@ -21,11 +21,13 @@ from model_repository.stages.engine import SERVING_FILE, ServingSpec
 from model_repository.stages.tokenization import load_tokenizer
 
 STAGES_DIR = Path(__file__).resolve().parent / "stages"
+INPUTS = ("input_ids", "attention_mask")
 WARMUP_TEXT = "Warm-up request: the first real request should not pay for lazy initialization."
 # Files each engine kind needs from the export folder, beside serving.json.
 ENGINE_FILES = {
     "onnxruntime_cpu": ("model.onnx",),
     "torch_gpu": ("config.json", "model.safetensors"),
+    "tensorrt": ("model.plan", "model.plan.json"),
 }
 
 
@@ -83,7 +85,16 @@ def tokenizer_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
             _tensor(mc.ModelOutput, "input_ids", mc.TYPE_INT32, [-1]),
             _tensor(mc.ModelOutput, "attention_mask", mc.TYPE_INT32, [-1]),
         ],
-        parameters=_parameters({"max_tokens": settings.model.max_tokens, "pad_token_id": spec.pad_token_id}),
+        parameters=_parameters(
+            {
+                "max_tokens": settings.model.max_tokens,
+                "pad_token_id": spec.pad_token_id,
+                # A TensorRT encoder batches only equal shapes: pad each request up to a profile's bucket.
+                "pad_to_buckets": ",".join(map(str, settings.tensorrt.sequence_buckets))
+                if settings.engine.kind == "tensorrt"
+                else "",
+            }
+        ),
         model_warmup=[
             mc.ModelWarmup(
                 name=f"text_batch_{size}",
@@ -115,6 +126,54 @@ def encoder_config(settings: Settings, spec: ServingSpec, warmup_tokens: int) ->
             mc.ModelWarmup(name=f"tokens_batch_{size}", batch_size=size, inputs=warmup_inputs)
             for size in sorted({1, min(8, stage.max_batch_size)})
         ],
+    )
+
+
+def tensorrt_encoder_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
+    """The encoder as a `tensorrt_plan` model: one profile per bucket, CUDA graphs per bucket and batch."""
+    from export.tensorrt import graph_batches, profiles
+
+    stage, trt = settings.encoder, settings.tensorrt
+    plan_profiles = profiles(settings)
+    graphs = []
+    for length in trt.sequence_buckets if trt.cuda_graphs else ():
+        previous = 0
+        for batch in graph_batches(settings, length):
+            shape = {name: mc.ModelOptimizationPolicy.Cuda.GraphSpec.Shape(dim=[length]) for name in INPUTS}
+            graphs.append(
+                mc.ModelOptimizationPolicy.Cuda.GraphSpec(
+                    batch_size=batch,
+                    input=shape,
+                    graph_lower_bound=mc.ModelOptimizationPolicy.Cuda.GraphSpec.LowerBound(
+                        batch_size=previous + 1, input=shape
+                    ),
+                )
+            )
+            previous = batch
+    return mc.ModelConfig(
+        name="encoder",
+        platform="tensorrt_plan",
+        default_model_filename="model.plan",
+        max_batch_size=stage.max_batch_size,
+        input=[_tensor(mc.ModelInput, name, mc.TYPE_INT32, [-1]) for name in INPUTS],
+        output=[_tensor(mc.ModelOutput, spec.output_name, mc.TYPE_FP32, [spec.output_size])],
+        dynamic_batching=mc.ModelDynamicBatching(
+            preferred_batch_size=list(stage.preferred_batch_sizes) or sorted({p["opt"][0] for p in plan_profiles}),
+            max_queue_delay_microseconds=stage.max_queue_delay_us,
+        ),
+        # Every instance may use every profile: Triton's scheduler does not route requests by shape, so an
+        # instance pinned to one profile would fail requests of other lengths.
+        instance_group=[
+            mc.ModelInstanceGroup(
+                kind=mc.ModelInstanceGroup.KIND_GPU,
+                count=stage.instances,
+                gpus=list(stage.gpus),
+                profile=[str(i) for i in range(len(plan_profiles))],
+            )
+        ],
+        optimization=mc.ModelOptimizationPolicy(
+            cuda=mc.ModelOptimizationPolicy.Cuda(graphs=trt.cuda_graphs, graph_spec=graphs)
+        ),
     )
 
 
@@ -201,7 +260,8 @@ def generate(settings: Settings, export_dir: Path | None = None, out: Path | Non
     engine_files = [export_dir / name for name in ENGINE_FILES[settings.engine.kind]]
     missing = [str(path) for path in engine_files if not path.is_file()]
     if missing:
-        raise SettingsError(f"missing exported files {missing}: run `make export` (python -m export) first")
+        step = "make engines" if settings.engine.kind == "tensorrt" else "make export"
+        raise SettingsError(f"missing {missing}: run `{step}` first")
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -219,17 +279,23 @@ def generate(settings: Settings, export_dir: Path | None = None, out: Path | Non
     (tokenizer_dir / "warmup").mkdir()
     (tokenizer_dir / "warmup" / "text").write_bytes(struct.pack("<I", len(encoded)) + encoded)
 
-    engine_code = f"engine_{settings.engine.kind}.py"
-    encoder_dir = _write_model(
-        out,
-        encoder_config(settings, spec, len(warmup_ids)),
-        settings,
-        {"model.py": "encoder.py", "engine.py": "engine.py", "padding.py": "padding.py", engine_code: engine_code},
-        [export_dir / SERVING_FILE, *engine_files],
-    )
-    (encoder_dir / "warmup").mkdir()
-    (encoder_dir / "warmup" / "input_ids").write_bytes(struct.pack(f"<{len(warmup_ids)}i", *warmup_ids))
-    (encoder_dir / "warmup" / "attention_mask").write_bytes(struct.pack(f"<{len(warmup_ids)}i", *[1] * len(warmup_ids)))
+    if settings.engine.kind == "tensorrt":
+        _write_model(out, tensorrt_encoder_config(settings, spec), settings, {}, engine_files)
+    else:
+        engine_code = f"engine_{settings.engine.kind}.py"
+        encoder_dir = _write_model(
+            out,
+            encoder_config(settings, spec, len(warmup_ids)),
+            settings,
+            {"model.py": "encoder.py", "engine.py": "engine.py", "padding.py": "padding.py", engine_code: engine_code},
+            [export_dir / SERVING_FILE, *engine_files],
+        )
+        (encoder_dir / "warmup").mkdir()
+        ids = struct.pack(f"<{len(warmup_ids)}i", *warmup_ids)
+        (encoder_dir / "warmup" / "input_ids").write_bytes(ids)
+        (encoder_dir / "warmup" / "attention_mask").write_bytes(
+            struct.pack(f"<{len(warmup_ids)}i", *[1] * len(warmup_ids))
+        )
 
     if spec.task == "classification":
         _write_model(

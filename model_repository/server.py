@@ -153,6 +153,41 @@ def server_command(binary: Path, repository: Path, backends: Path, ports: Ports,
     ]
 
 
+def check_tensorrt_plans(repository: Path, gpu_identity=None, tensorrt_version: str | None = None) -> None:
+    """Refuse a repository whose TensorRT plans were built for another GPU or TensorRT version.
+
+    Triton would otherwise fail deep inside plan deserialization, or serve a plan tuned for another chip.
+    The server's TensorRT version comes from TRT_VERSION, which NGC images set.
+    """
+    import json
+
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from export.tensorrt_build import gpu_identity as query_gpu
+    from export.tensorrt_build import plan_problems
+
+    for config_path in sorted(repository.glob("*/config.pbtxt")):
+        config = text_format.Parse(config_path.read_text(), mc.ModelConfig())
+        if config.platform != "tensorrt_plan":
+            continue
+        sidecar_path = config_path.parent / "1" / (config.default_model_filename + ".json")
+        if not sidecar_path.is_file():
+            raise ServerError(f"{sidecar_path} is missing: a plan without its build record is not served")
+        sidecar = json.loads(sidecar_path.read_text())
+        version = tensorrt_version or os.environ.get("TRT_VERSION")
+        if not version:
+            raise ServerError("cannot tell this server's TensorRT version: set TRT_VERSION (NGC images set it)")
+        gpus = sorted({gpu for group in config.instance_group for gpu in group.gpus}) or [0]
+        for gpu in gpus:
+            problems = plan_problems(sidecar, (gpu_identity or query_gpu)(gpu), version)
+            if problems:
+                raise ServerError(
+                    f"refusing {config.name}'s plan on GPU {gpu}: " + "; ".join(problems) + ". Run `make engines` "
+                    "on this machine type (the plan is cached per GPU product) and regenerate the repository."
+                )
+
+
 class TritonServer:
     """A tritonserver child process; `with TritonServer(...) as server:` waits until the ensemble is ready."""
 
@@ -182,6 +217,7 @@ class TritonServer:
     def command(self) -> tuple[list[str], dict[str, str]]:
         if not (self.repository / "ensemble" / "config.pbtxt").is_file():
             raise ServerError(f"{self.repository} is not a generated model repository: run `make repo` first")
+        check_tensorrt_plans(self.repository)
         env = stub_environment()
         _, version = check_stub_python(env)
         prebuilt = prebuilt_triton()

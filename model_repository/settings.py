@@ -13,8 +13,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SETTINGS = Path(__file__).resolve().parent / "settings.toml"
 
 TASKS = ("embedding", "classification")
-ENGINE_KINDS = ("onnxruntime_cpu", "torch_gpu")
-PRECISIONS = ("fp32", "fp16", "bf16")
+ENGINE_KINDS = ("onnxruntime_cpu", "torch_gpu", "tensorrt")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
+QUANTIZED = ("int8", "fp8")  # TensorRT only, from an ONNX model that already carries Q/DQ nodes
 
 
 class SettingsError(ValueError):
@@ -36,6 +37,18 @@ class EngineSettings:
     threads: int = 2
     onnx_opset: int = 17
     onnx_tolerance: float = 1e-4
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorRTSettings:
+    """Optimization profiles and builder options for `make engines` (engine.kind = "tensorrt")."""
+
+    sequence_buckets: tuple[int, ...] = (16, 32, 64, 128, 256)
+    tokens_per_batch: int = 16384  # a profile's opt batch: tokens_per_batch // bucket, within max_batch_size
+    workspace_mib: int = 4096
+    optimization_level: int = 3
+    cuda_graphs: bool = True
+    max_graph_batch: int = 64  # CUDA graphs per bucket for batch sizes 1, 2, 4, ... up to this
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +83,7 @@ class Settings:
     postprocess: StageSettings
     ensemble: EnsembleSettings
     server: ServerSettings
+    tensorrt: TensorRTSettings
     path: Path
 
     @property
@@ -101,7 +115,7 @@ def _section(cls, raw: dict, name: str):
     unknown = set(values) - known
     if unknown:
         raise SettingsError(f"[{name}] has unknown keys: {', '.join(sorted(unknown))}")
-    for key in ("preferred_batch_sizes", "gpus"):
+    for key in ("preferred_batch_sizes", "gpus", "sequence_buckets"):
         if key in values:
             values[key] = tuple(values[key])
     try:
@@ -120,6 +134,8 @@ def _check(settings: Settings) -> None:
         raise SettingsError(f"engine.precision must be one of {PRECISIONS}, not {engine.precision!r}")
     if engine.kind == "onnxruntime_cpu" and engine.precision != "fp32":
         raise SettingsError("engine.kind onnxruntime_cpu runs fp32 only")
+    if engine.precision in QUANTIZED and engine.kind != "tensorrt":
+        raise SettingsError(f"engine.precision {engine.precision} needs engine.kind tensorrt")
     if not 2 <= model.max_tokens <= 512:
         raise SettingsError("model.max_tokens must be between 2 and 512 (BERT position embeddings)")
     stages = {"tokenizer": settings.tokenizer, "encoder": settings.encoder, "postprocess": settings.postprocess}
@@ -130,8 +146,13 @@ def _check(settings: Settings) -> None:
             raise SettingsError(f"[{name}] preferred_batch_sizes must lie in 1..max_batch_size")
     if settings.tokenizer.gpus or settings.postprocess.gpus:
         raise SettingsError("only the encoder runs on GPUs")
-    if engine.kind == "torch_gpu" and not settings.encoder.gpus:
-        raise SettingsError("engine.kind torch_gpu needs encoder.gpus, e.g. [0]")
+    if engine.kind in ("torch_gpu", "tensorrt") and not settings.encoder.gpus:
+        raise SettingsError(f"engine.kind {engine.kind} needs encoder.gpus, e.g. [0]")
+    buckets = settings.tensorrt.sequence_buckets
+    if list(buckets) != sorted(set(buckets)) or not buckets or buckets[0] < 2:
+        raise SettingsError("tensorrt.sequence_buckets must be strictly increasing token counts >= 2")
+    if engine.kind == "tensorrt" and buckets[-1] != model.max_tokens:
+        raise SettingsError("the last tensorrt.sequence_buckets entry must equal model.max_tokens")
     if engine.kind == "onnxruntime_cpu" and settings.encoder.gpus:
         raise SettingsError("engine.kind onnxruntime_cpu runs on the CPU: leave encoder.gpus empty")
     if settings.ensemble.max_batch_size > settings.tokenizer.max_batch_size:
@@ -146,7 +167,7 @@ def load_settings(path: str | Path | None = None) -> Settings:
         raw = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise SettingsError(f"cannot read settings {path}: {exc}") from None
-    unknown = set(raw) - {"model", "engine", "tokenizer", "encoder", "postprocess", "ensemble", "server"}
+    unknown = set(raw) - {"model", "engine", "tokenizer", "encoder", "postprocess", "ensemble", "server", "tensorrt"}
     if unknown:
         raise SettingsError(f"unknown sections: {', '.join(sorted(unknown))}")
     if "model" not in raw:
@@ -159,6 +180,7 @@ def load_settings(path: str | Path | None = None) -> Settings:
         postprocess=_section(StageSettings, raw, "postprocess"),
         ensemble=_section(EnsembleSettings, raw, "ensemble"),
         server=_section(ServerSettings, raw, "server"),
+        tensorrt=_section(TensorRTSettings, raw, "tensorrt"),
         path=path,
     )
     _check(settings)

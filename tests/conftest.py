@@ -84,3 +84,11 @@ def classification_export(settings, tmp_path_factory) -> Path:
         settings.engine.onnx_tolerance,
     )
     return out
+
+
+@pytest.fixture(scope="session")
+def golden_sequences() -> list:
+    import numpy as np
+
+    data = np.load(Path(__file__).parent / "golden" / "minilm.npz")
+    return np.split(data["ids"], np.cumsum(data["lengths"])[:-1])

@@ -26,6 +26,7 @@ class TritonPythonModel:
         version_dir = Path(args["model_repository"]) / args["model_version"]
         self.tokenizer = load_tokenizer(version_dir / "tokenizer.json", int(params["max_tokens"]))
         self.pad_id = int(params["pad_token_id"])
+        self.buckets = [int(b) for b in params.get("pad_to_buckets", "").split(",") if b]
 
     def execute(self, requests: list) -> list:
         texts: list[str] = []
@@ -44,7 +45,7 @@ class TritonPythonModel:
             if isinstance(span, pb_utils.TritonError):
                 responses.append(pb_utils.InferenceResponse(error=span))
                 continue
-            ids, mask = pad_sequences([encodings[i].ids for i in range(*span)], self.pad_id)
+            ids, mask = pad_sequences([encodings[i].ids for i in range(*span)], self.pad_id, self.buckets)
             responses.append(
                 pb_utils.InferenceResponse([pb_utils.Tensor("input_ids", ids), pb_utils.Tensor("attention_mask", mask)])
             )
