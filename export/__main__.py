@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from export import sha256
 from export.checkpoint import CheckpointError, load_model, read_pooling, resolve_source, tokenizer_file
 from export.onnx_export import VALIDATION_SENTENCES, ServingModule, export_onnx, validate
 from model_repository.settings import SettingsError, load_settings
@@ -19,14 +19,6 @@ from model_repository.stages.engine import ServingSpec
 from model_repository.stages.tokenization import load_tokenizer
 
 REPORT_FILE = "export_report.json"
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def export(

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from export import sha256
 from model_repository.settings import QUANTIZED, ROOT, Settings, SettingsError, load_settings
 
 INPUTS = ("input_ids", "attention_mask")
@@ -137,14 +138,6 @@ def _attention_problems(graph: onnx.GraphProto) -> list[str]:
         return ["no Softmax found: not a BERT attention graph"]
     broken = [n.name for n in softmaxes if not (reaches_matmul_upstream(n) and reaches_matmul_downstream(n))]
     return [f"attention not in MatMul-Softmax-MatMul form at {', '.join(broken)}"] if broken else []
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def precision_onnx(settings: Settings, export_dir: Path, quantized_onnx: Path | None) -> tuple[Path, dict]:
