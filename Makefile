@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := build/stamps/$(subst /,_,$(SETTINGS))
 
-.PHONY: setup export engines repo serve test lint bench clean
+.PHONY: setup export engines repo serve test lint bench loadtest clean
 
 setup: $(VENV)/.installed
 
@@ -48,6 +48,14 @@ lint: $(VENV)/.installed
 # CPU throughput of the ensemble against sentence-transformers encode() on the same texts.
 bench: $(STAMP).repo
 	$(PY) -m bench.cpu_throughput --settings $(SETTINGS)
+
+# Acceptance load test (Locust, headless) against a running deployment; the bar is the settings' [loadtest].
+#   make loadtest URL=10.0.0.5:8001 LOADTEST_ARGS="--users 200 --duration 60s --processes 8"
+URL ?=
+PROTOCOL ?=
+LOADTEST_ARGS ?=
+loadtest: $(VENV)/.installed
+	$(PY) -m loadtest --settings $(SETTINGS) $(if $(PROTOCOL),--protocol $(PROTOCOL)) $(if $(URL),--url $(URL)) $(LOADTEST_ARGS)
 
 clean:
 	rm -rf build

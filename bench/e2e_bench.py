@@ -23,43 +23,14 @@ from pathlib import Path
 import tritonclient.grpc as grpcclient
 
 from loadtest.corpus import load_text
+from loadtest.triton_stats import model_stats, stage_breakdown
 from model_repository.server import Ports, TritonServer
 from model_repository.settings import load_settings
-
-STAGE_FIELDS = ("queue", "compute_input", "compute_infer", "compute_output")
 
 
 def perf_analyzer_input(texts: list[str], path: Path) -> None:
     rows = [{"text": {"content": [text], "shape": [1]}} for text in texts]
     path.write_text(json.dumps({"data": rows}))
-
-
-def model_stats(client: grpcclient.InferenceServerClient) -> dict[str, dict]:
-    stats = {}
-    for model in client.get_inference_statistics(as_json=True)["model_stats"]:
-        inference = model.get("inference_stats", {})
-        stats[model["name"]] = {
-            "inferences": int(model.get("inference_count", 0)),
-            "executions": int(model.get("execution_count", 0)),
-            **{f: int(inference.get(f, {}).get("ns", 0)) for f in STAGE_FIELDS},
-            "requests": int(inference.get("success", {}).get("count", 0)),
-        }
-    return stats
-
-
-def stage_breakdown(before: dict, after: dict) -> dict[str, dict]:
-    """Per model: mean microseconds per request in each phase, and the mean executed batch size."""
-    out = {}
-    for name, end in after.items():
-        start = before.get(name, dict.fromkeys(end, 0))
-        requests = end["requests"] - start["requests"]
-        executions = end["executions"] - start["executions"]
-        if requests <= 0:
-            continue
-        out[name] = {f"{f}_us": round((end[f] - start[f]) / requests / 1e3, 1) for f in STAGE_FIELDS}
-        if executions > 0:
-            out[name]["mean_batch"] = round((end["inferences"] - start["inferences"]) / executions, 1)
-    return out
 
 
 def run_perf_analyzer(

@@ -75,6 +75,21 @@ class ServerSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class LoadTestSettings:
+    """The acceptance bar `python -m loadtest` holds a deployment to; its flags override each value."""
+
+    protocol: str = "grpc"  # grpc | http
+    users: int = 200  # closed loop: each user sends its next request as soon as the last one is answered
+    duration_s: float = 60.0
+    batch_sizes: tuple[int, ...] = (1,)  # texts per request ...
+    batch_weights: tuple[float, ...] = (1.0,)  # ... and how often each size is sent
+    p50_ms: float = 15.0
+    p99_ms: float = 30.0
+    min_rps: float = 6700.0  # 200 users / 30 ms (Little's law): what the latency bar implies in a closed loop
+    max_fail_ratio: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
 class Settings:
     model: ModelSettings
     engine: EngineSettings
@@ -84,6 +99,7 @@ class Settings:
     ensemble: EnsembleSettings
     server: ServerSettings
     tensorrt: TensorRTSettings
+    loadtest: LoadTestSettings
     path: Path
 
     @property
@@ -115,7 +131,7 @@ def _section(cls, raw: dict, name: str):
     unknown = set(values) - known
     if unknown:
         raise SettingsError(f"[{name}] has unknown keys: {', '.join(sorted(unknown))}")
-    for key in ("preferred_batch_sizes", "gpus", "sequence_buckets"):
+    for key in ("preferred_batch_sizes", "gpus", "sequence_buckets", "batch_sizes", "batch_weights"):
         if key in values:
             values[key] = tuple(values[key])
     try:
@@ -159,6 +175,22 @@ def _check(settings: Settings) -> None:
         raise SettingsError("ensemble.max_batch_size must not exceed tokenizer.max_batch_size")
     if settings.ensemble.max_batch_size > settings.encoder.max_batch_size:
         raise SettingsError("ensemble.max_batch_size must not exceed encoder.max_batch_size")
+    _check_loadtest(settings.loadtest, settings.ensemble.max_batch_size)
+
+
+def _check_loadtest(load: LoadTestSettings, max_batch_size: int) -> None:
+    if load.protocol not in ("grpc", "http"):
+        raise SettingsError(f"loadtest.protocol must be grpc or http, not {load.protocol!r}")
+    if load.users < 1 or load.duration_s <= 0:
+        raise SettingsError("loadtest needs users >= 1 and duration_s > 0")
+    if not load.batch_sizes or len(load.batch_weights) != len(load.batch_sizes):
+        raise SettingsError("loadtest.batch_weights needs one weight per loadtest.batch_sizes entry")
+    if any(not 1 <= size <= max_batch_size for size in load.batch_sizes) or min(load.batch_weights) <= 0:
+        raise SettingsError("loadtest.batch_sizes must lie in 1..ensemble.max_batch_size, with weights > 0")
+    if not 0 < load.p50_ms <= load.p99_ms:
+        raise SettingsError("loadtest needs 0 < p50_ms <= p99_ms")
+    if load.min_rps < 0 or not 0 <= load.max_fail_ratio <= 1:
+        raise SettingsError("loadtest needs min_rps >= 0 and max_fail_ratio in 0..1")
 
 
 def load_settings(path: str | Path | None = None) -> Settings:
@@ -167,7 +199,8 @@ def load_settings(path: str | Path | None = None) -> Settings:
         raw = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise SettingsError(f"cannot read settings {path}: {exc}") from None
-    unknown = set(raw) - {"model", "engine", "tokenizer", "encoder", "postprocess", "ensemble", "server", "tensorrt"}
+    known = {"model", "engine", "tokenizer", "encoder", "postprocess", "ensemble", "server", "tensorrt", "loadtest"}
+    unknown = set(raw) - known
     if unknown:
         raise SettingsError(f"unknown sections: {', '.join(sorted(unknown))}")
     if "model" not in raw:
@@ -181,6 +214,7 @@ def load_settings(path: str | Path | None = None) -> Settings:
         ensemble=_section(EnsembleSettings, raw, "ensemble"),
         server=_section(ServerSettings, raw, "server"),
         tensorrt=_section(TensorRTSettings, raw, "tensorrt"),
+        loadtest=_section(LoadTestSettings, raw, "loadtest"),
         path=path,
     )
     _check(settings)
