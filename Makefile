@@ -1,10 +1,11 @@
 # One settings file drives everything: SETTINGS=path/to/settings.toml make serve
+include docker/versions.env
 SETTINGS ?= model_repository/settings.toml
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := build/stamps/$(subst /,_,$(SETTINGS))
 
-.PHONY: setup export engines repo serve test lint bench loadtest clean
+.PHONY: setup export engines repo serve test lint bench loadtest images compose bundle chart-check clean
 
 setup: $(VENV)/.installed
 
@@ -56,6 +57,33 @@ PROTOCOL ?=
 LOADTEST_ARGS ?=
 loadtest: $(VENV)/.installed
 	$(PY) -m loadtest --settings $(SETTINGS) $(if $(PROTOCOL),--protocol $(PROTOCOL)) $(if $(URL),--url $(URL)) $(LOADTEST_ARGS)
+
+# Images from the pinned NGC releases (docker/versions.env). WITH_TORCH=1: torch for engine.kind torch_gpu.
+REGISTRY ?=
+WITH_TORCH ?= 0
+SERVER_IMAGE ?= $(REGISTRY)bert-triton-server:$(IMAGE_TAG)$(if $(filter 1,$(WITH_TORCH)),-torch)
+BUILDER_IMAGE ?= $(REGISTRY)bert-triton-engine-builder:$(IMAGE_TAG)
+SERVER_ARGS := TRITONSERVER_IMAGE TENSORRT_VERSION NUMPY_VERSION TOKENIZERS_VERSION ONNXRUNTIME_VERSION \
+	TRITONCLIENT_VERSION TOMLI_VERSION TORCH_VERSION SAFETENSORS_VERSION
+images:
+	docker build -f docker/server.Dockerfile $(foreach a,$(SERVER_ARGS),--build-arg $(a)=$($(a))) \
+		--build-arg WITH_TORCH=$(WITH_TORCH) -t $(SERVER_IMAGE) .
+	docker build -f docker/builder.Dockerfile --build-arg TENSORRT_IMAGE=$(TENSORRT_IMAGE) \
+		--build-arg TENSORRT_VERSION=$(TENSORRT_VERSION) -t $(BUILDER_IMAGE) .
+
+# Triton + Prometheus + Grafana + Locust on this GPU machine, serving build/model_repository for SETTINGS.
+compose: $(STAMP).repo
+	SETTINGS=$(SETTINGS) WITH_TORCH=$(WITH_TORCH) SERVER_IMAGE=$(SERVER_IMAGE) \
+		docker compose --env-file docker/versions.env -f docker/compose.yaml up --build
+
+# What the Helm chart serves from a claim: settings, model repository, and (tensorrt) the engine build's inputs.
+bundle: $(STAMP).export
+	$(PY) helm/bundle.py --settings $(SETTINGS) --out build/bundle
+
+# The chart and the images, checked offline: lint, Kubernetes schemas, hadolint, pinned versions.
+chart-check: $(VENV)/.installed
+	$(PY) helm/sync_settings.py --check
+	$(PY) -m pytest -q tests/test_helm.py tests/test_docker.py
 
 clean:
 	rm -rf build

@@ -272,7 +272,12 @@ def generate(settings: Settings, export_dir: Path | None = None, out: Path | Non
         out,
         tokenizer_config(settings, spec),
         settings,
-        {"model.py": "tokenizer.py", "tokenization.py": "tokenization.py", "padding.py": "padding.py"},
+        {
+            "model.py": "tokenizer.py",
+            "tokenization.py": "tokenization.py",
+            "padding.py": "padding.py",
+            "stage_metrics.py": "stage_metrics.py",
+        },
         [tokenizer_file],
     )
     encoded = WARMUP_TEXT.encode()
@@ -287,7 +292,13 @@ def generate(settings: Settings, export_dir: Path | None = None, out: Path | Non
             out,
             encoder_config(settings, spec, len(warmup_ids)),
             settings,
-            {"model.py": "encoder.py", "engine.py": "engine.py", "padding.py": "padding.py", engine_code: engine_code},
+            {
+                "model.py": "encoder.py",
+                "engine.py": "engine.py",
+                "padding.py": "padding.py",
+                "stage_metrics.py": "stage_metrics.py",
+                engine_code: engine_code,
+            },
             [export_dir / SERVING_FILE, *engine_files],
         )
         (encoder_dir / "warmup").mkdir()

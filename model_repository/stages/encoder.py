@@ -2,6 +2,13 @@
 
 Requests of different lengths arrive in one execute() call (allow_ragged_batch); each row is cut back to
 its own length and the engine gets the unpadded sequences of the whole dynamic batch at once.
+
+Custom metrics on Triton's metrics port (labels model, version, model_instance), at most three updates per execute():
+  bert_encoder_sequences_per_execute  histogram of sequences per execute() call: the engine's batch size
+  bert_encoder_real_tokens_total      tokens of the sequences themselves
+  bert_encoder_padded_tokens_total    tokens the engine computed, its own padding included (Engine.computed_tokens:
+                                      onnxruntime_cpu's per-chunk padding, torch_gpu's CUDA-graph bucket tails);
+                                      padded / real is the work spent per real token.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from engine import load_engine
+from stage_metrics import NO_METRIC, power_of_two_buckets
 
 
 class TritonPythonModel:
@@ -25,17 +33,61 @@ class TritonPythonModel:
         options = {key: value for key, value in params.items() if key != "engine_kind"}
         self.engine = load_engine(params["engine_kind"], version_dir, device, options)
         self.output_name = self.engine.spec.output_name
+        self._create_metrics(args, int(config["max_batch_size"]))
+
+    def _create_metrics(self, args: dict, max_batch_size: int) -> None:
+        # Each update is one message to the Triton process, so execute() records per call, never per request.
+        # Triton's own label names (model, version), plus model_instance: each instance is its own stub process.
+        names = {"model": "model_name", "version": "model_version", "model_instance": "model_instance_name"}
+        labels = {label: args[key] for label, key in names.items()}
+        counter = pb_utils.MetricFamily.COUNTER
+        try:
+            sequences = pb_utils.MetricFamily(
+                name="bert_encoder_sequences_per_execute",
+                description="Sequences per execute() call (the engine's batch size)",
+                kind=pb_utils.MetricFamily.HISTOGRAM,
+            )
+            real = pb_utils.MetricFamily(
+                name="bert_encoder_real_tokens_total", description="Tokens of the encoded sequences", kind=counter
+            )
+            padded = pb_utils.MetricFamily(
+                name="bert_encoder_padded_tokens_total",
+                description="Tokens the engine computed, its padding included",
+                kind=counter,
+            )
+            self._metric_families = [sequences, real, padded]
+            self._sequences_metric = sequences.Metric(labels=labels, buckets=power_of_two_buckets(max_batch_size))
+            self._real_metric = real.Metric(labels=labels)
+            self._padded_metric = padded.Metric(labels=labels)
+        except Exception as exc:  # metrics are an aid: they never keep the model from loading
+            self._disable_metrics(exc)
+
+    def _disable_metrics(self, reason: Exception) -> None:
+        pb_utils.Logger.log_warn(f"encoder: custom metrics off ({reason})")
+        self._sequences_metric = self._real_metric = self._padded_metric = NO_METRIC
+        self._metric_families = []
+
+    def _record(self, sequences: int, real_tokens: int) -> None:
+        try:
+            self._sequences_metric.observe(sequences)
+            self._real_metric.increment(real_tokens)
+            self._padded_metric.increment(self.engine.computed_tokens)
+        except Exception as exc:  # never fail requests over a metric
+            self._disable_metrics(exc)
 
     def execute(self, requests: list) -> list:
         sequences: list[np.ndarray] = []
         counts: list[int] = []
+        real_tokens = 0
         for request in requests:
             ids = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy()
             mask = pb_utils.get_input_tensor_by_name(request, "attention_mask").as_numpy()
             lengths = mask.sum(axis=1)
             sequences.extend(ids[row, :length] for row, length in enumerate(lengths))
             counts.append(len(ids))
+            real_tokens += int(lengths.sum())
         outputs = self.engine.forward(sequences)
+        self._record(len(sequences), real_tokens)
         responses = []
         start = 0
         for count in counts:
@@ -43,3 +95,8 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(self.output_name, rows)]))
             start += count
         return responses
+
+    def finalize(self) -> None:
+        # A MetricFamily must outlive its Metrics: drop the metrics first.
+        self._sequences_metric = self._real_metric = self._padded_metric = None
+        self._metric_families = []

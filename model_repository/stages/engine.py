@@ -57,6 +57,8 @@ class Engine(ABC):
         self.spec = spec
         self.device = device
         self.options = options
+        # Token positions the last forward() computed, its own padding included (for the padding metric).
+        self.computed_tokens = 0
 
     @abstractmethod
     def forward(self, sequences: list[np.ndarray]) -> np.ndarray: ...

@@ -55,9 +55,11 @@ class OnnxRuntimeCpuEngine(Engine):
         out = np.empty((len(sequences), self.spec.output_size), dtype=np.float32)
         order = np.argsort([len(s) for s in sequences], kind="stable")
         lengths = np.array([len(sequences[i]) for i in order])
+        self.computed_tokens = 0
         for start, stop in plan_chunks(lengths):
             chunk = order[start:stop]
             ids, mask = pad_sequences([sequences[i] for i in chunk], self.spec.pad_token_id)
+            self.computed_tokens += ids.size
             (result,) = self.session.run(None, {"input_ids": ids, "attention_mask": mask})
             out[chunk] = result
         return out

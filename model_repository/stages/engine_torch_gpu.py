@@ -615,6 +615,7 @@ class TorchGpuEngine(Engine):
         if max_len > self.max_positions:
             raise ValueError(f"a sequence has {max_len} tokens; the model takes at most {self.max_positions}")
         tokens = int(lens.sum())
+        self.computed_tokens = tokens
         if not self.is_cuda:
             return self._forward_cpu(sequences, lens, tokens)
         return self._forward_cuda(sequences, lens, tokens, max_len)
@@ -640,6 +641,7 @@ class TorchGpuEngine(Engine):
             graph = key in self._graphs or len(self._graphs) < self.max_graphs
         if not graph:
             t_b, n_b = tokens, n
+        self.computed_tokens = t_b  # a graph bucket computes its tail tokens too
         size = self._layout_size(t_b, n_b)
         if size > self._host_in.numel():
             self._host_in = torch.empty(size, dtype=torch.int32, pin_memory=True)

@@ -3,6 +3,12 @@
 The whole dynamic batch (every text of every request) is encoded in one call to the Rust fast tokenizer,
 which spreads it over threads. Each request's rows are padded only to that request's longest text; the
 encoder strips the padding again using the mask.
+
+Custom metrics on Triton's metrics port (labels model, version, model_instance), three updates per execute():
+  bert_tokenizer_requests_total       requests tokenized
+  bert_tokenizer_tokens_total         tokens after truncation, special tokens included (per request: divide
+                                      by bert_tokenizer_requests_total)
+  bert_tokenizer_texts_per_execute    histogram of texts encoded per execute() call (the dynamic batch)
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 from padding import pad_sequences
+from stage_metrics import NO_METRIC, power_of_two_buckets
 from tokenization import load_tokenizer
 
 
@@ -27,6 +34,50 @@ class TritonPythonModel:
         self.tokenizer = load_tokenizer(version_dir / "tokenizer.json", int(params["max_tokens"]))
         self.pad_id = int(params["pad_token_id"])
         self.buckets = [int(b) for b in params.get("pad_to_buckets", "").split(",") if b]
+        self._create_metrics(args, int(config["max_batch_size"]))
+
+    def _create_metrics(self, args: dict, max_batch_size: int) -> None:
+        # Each update is one message to the Triton process, so execute() records per call, never per request.
+        # Triton's own label names (model, version), plus model_instance: each instance is its own stub process.
+        names = {"model": "model_name", "version": "model_version", "model_instance": "model_instance_name"}
+        labels = {label: args[key] for label, key in names.items()}
+        counter, histogram = pb_utils.MetricFamily.COUNTER, pb_utils.MetricFamily.HISTOGRAM
+        try:
+            self._metric_families = [
+                pb_utils.MetricFamily(
+                    name="bert_tokenizer_requests_total", description="Requests tokenized", kind=counter
+                ),
+                pb_utils.MetricFamily(
+                    name="bert_tokenizer_tokens_total",
+                    description="Tokens produced after truncation, special tokens included",
+                    kind=counter,
+                ),
+                pb_utils.MetricFamily(
+                    name="bert_tokenizer_texts_per_execute",
+                    description="Texts encoded per execute() call",
+                    kind=histogram,
+                ),
+            ]
+            requests, tokens, texts = self._metric_families
+            self._requests_metric = requests.Metric(labels=labels)
+            self._tokens_metric = tokens.Metric(labels=labels)
+            self._texts_metric = texts.Metric(labels=labels, buckets=power_of_two_buckets(max_batch_size))
+        except Exception as exc:  # metrics are an aid: they never keep the model from loading
+            self._disable_metrics(exc)
+
+    def _disable_metrics(self, reason: Exception) -> None:
+        pb_utils.Logger.log_warn(f"tokenizer: custom metrics off ({reason})")
+        self._requests_metric = self._tokens_metric = self._texts_metric = NO_METRIC
+        self._metric_families = []
+
+    def _record(self, requests: int, encodings: list) -> None:
+        try:
+            self._requests_metric.increment(requests)
+            if encodings:
+                self._tokens_metric.increment(sum(map(len, encodings)))
+                self._texts_metric.observe(len(encodings))
+        except Exception as exc:  # never fail requests over a metric
+            self._disable_metrics(exc)
 
     def execute(self, requests: list) -> list:
         texts: list[str] = []
@@ -40,6 +91,7 @@ class TritonPythonModel:
             spans.append((len(texts), len(texts) + len(decoded)))
             texts.extend(decoded)
         encodings = self.tokenizer.encode_batch(texts) if texts else []
+        self._record(len(requests), encodings)
         responses = []
         for span in spans:
             if isinstance(span, pb_utils.TritonError):
@@ -50,6 +102,11 @@ class TritonPythonModel:
                 pb_utils.InferenceResponse([pb_utils.Tensor("input_ids", ids), pb_utils.Tensor("attention_mask", mask)])
             )
         return responses
+
+    def finalize(self) -> None:
+        # A MetricFamily must outlive its Metrics: drop the metrics first.
+        self._requests_metric = self._tokens_metric = self._texts_metric = None
+        self._metric_families = []
 
     @staticmethod
     def _texts(request) -> list[str]:

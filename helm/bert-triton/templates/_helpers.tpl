@@ -1,0 +1,214 @@
+{{/*
+Names and labels.
+*/}}
+{{- define "bert-triton.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "bert-triton.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "bert-triton.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "bert-triton.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "bert-triton.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "bert-triton.labels" -}}
+helm.sh/chart: {{ include "bert-triton.chart" . }}
+{{ include "bert-triton.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: bert-triton
+{{- end }}
+
+{{- define "bert-triton.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "bert-triton.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+The settings file (values settings.toml), parsed. The chart reads the deployment's shape from it, with the
+defaults of model_repository/settings.py for keys the file leaves out. Returned as JSON: use
+`fromJson (include "bert-triton.settings" .)`.
+*/}}
+{{- define "bert-triton.settings" -}}
+{{- $raw := fromToml (required "settings.toml must hold the settings file the model repository was generated from" .Values.settings.toml) }}
+{{- if hasKey $raw "Error" }}
+{{- fail (printf "settings.toml is not valid TOML: %s" $raw.Error) }}
+{{- end }}
+{{- if not (hasKey $raw "model") }}
+{{- fail "settings.toml has no [model] section: it must be a complete settings file" }}
+{{- end }}
+{{- $model := default dict $raw.model }}
+{{- $engine := default dict $raw.engine }}
+{{- $server := default dict $raw.server }}
+{{- $tokenizer := default dict $raw.tokenizer }}
+{{- $encoder := default dict $raw.encoder }}
+{{- $postprocess := default dict $raw.postprocess }}
+{{- $kind := default "onnxruntime_cpu" $engine.kind }}
+{{- $task := default "embedding" $model.task }}
+{{- $gpus := 0 }}
+{{- if has $kind (list "torch_gpu" "tensorrt") }}
+{{- $gpus = len (default list $encoder.gpus) }}
+{{- end }}
+{{- $instances := int (default 1 $tokenizer.instances) }}
+{{- if ne $kind "tensorrt" }}
+{{- $instances = add $instances (int (default 1 $encoder.instances)) }}
+{{- end }}
+{{- if eq $task "classification" }}
+{{- $instances = add $instances (int (default 1 $postprocess.instances)) }}
+{{- end }}
+{{- dict
+    "engineKind" $kind
+    "task" $task
+    "gpus" $gpus
+    "pythonInstances" $instances
+    "httpPort" (int (default 8000 $server.http_port))
+    "grpcPort" (int (default 8001 $server.grpc_port))
+    "metricsPort" (int (default 8002 $server.metrics_port))
+    | toJson }}
+{{- end }}
+
+{{/*
+Server image: the tag defaults to the chart's appVersion, with "-torch" for the torch_gpu engine (the image
+built with --build-arg WITH_TORCH=1).
+*/}}
+{{- define "bert-triton.image" -}}
+{{- $s := fromJson (include "bert-triton.settings" .) }}
+{{- $tag := .Values.image.tag }}
+{{- if not $tag }}
+{{- $tag = .Chart.AppVersion }}
+{{- if eq $s.engineKind "torch_gpu" }}
+{{- $tag = printf "%s-torch" $tag }}
+{{- end }}
+{{- end }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
+
+{{- define "bert-triton.builderImage" -}}
+{{- printf "%s:%s" .Values.engineBuild.image.repository (default .Chart.AppVersion .Values.engineBuild.image.tag) }}
+{{- end }}
+
+{{/*
+Checks across values that the schema cannot express.
+*/}}
+{{- define "bert-triton.validate" -}}
+{{- $s := fromJson (include "bert-triton.settings" .) }}
+{{- if .Values.engineBuild.enabled }}
+{{- if ne $s.engineKind "tensorrt" }}
+{{- fail (printf "engineBuild.enabled needs engine.kind = \"tensorrt\" in settings.toml (it is %q)" $s.engineKind) }}
+{{- end }}
+{{- if ne .Values.modelRepository.source "pvc" }}
+{{- fail "engineBuild.enabled needs modelRepository.source = pvc: the plan is assembled into a local copy of the bundle" }}
+{{- end }}
+{{- end }}
+{{- if and (eq .Values.modelRepository.source "objectStore") (not .Values.modelRepository.objectStore.uri) }}
+{{- fail "modelRepository.objectStore.uri is required when modelRepository.source = objectStore" }}
+{{- end }}
+{{- if and .Values.modelRepository.objectStore.gcsCredentialsKey (not .Values.modelRepository.objectStore.credentialsSecret) }}
+{{- fail "modelRepository.objectStore.gcsCredentialsKey needs modelRepository.objectStore.credentialsSecret" }}
+{{- end }}
+{{- if and .Values.autoscaling.enabled (gt (int .Values.autoscaling.minReplicas) (int .Values.autoscaling.maxReplicas)) }}
+{{- fail "autoscaling.minReplicas must not exceed autoscaling.maxReplicas" }}
+{{- end }}
+{{- end }}
+
+{{/*
+Where the server reads the model repository: the object store itself, the assembled copy (engine build), or
+the bundle on the claim.
+*/}}
+{{- define "bert-triton.repository" -}}
+{{- if eq .Values.modelRepository.source "objectStore" }}
+{{- .Values.modelRepository.objectStore.uri }}
+{{- else if .Values.engineBuild.enabled }}
+{{- "/models/model_repository" }}
+{{- else }}
+{{- "/bundle/model_repository" }}
+{{- end }}
+{{- end }}
+
+{{/*
+/dev/shm size: shm.sizeLimit, or shm.perInstanceMiB per Python-backend instance (at least shm.minimumMiB).
+*/}}
+{{- define "bert-triton.shmSize" -}}
+{{- if .Values.shm.sizeLimit }}
+{{- .Values.shm.sizeLimit }}
+{{- else }}
+{{- $s := fromJson (include "bert-triton.settings" .) }}
+{{- printf "%dMi" (max (int .Values.shm.minimumMiB) (mul (int $s.pythonInstances) (int .Values.shm.perInstanceMiB))) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Resources with the GPUs the settings ask for (requests and limits equal, as extended resources need).
+*/}}
+{{- define "bert-triton.gpuResources" -}}
+{{- $root := index . 0 }}
+{{- $resources := deepCopy (default dict (index . 1)) }}
+{{- $s := fromJson (include "bert-triton.settings" $root) }}
+{{- if gt (int $s.gpus) 0 }}
+{{- $name := $root.Values.gpu.resourceName }}
+{{- $_ := set $resources "limits" (merge (dict $name (int $s.gpus)) (default dict $resources.limits)) }}
+{{- $_ := set $resources "requests" (merge (dict $name (int $s.gpus)) (default dict $resources.requests)) }}
+{{- end }}
+{{- toYaml $resources }}
+{{- end }}
+
+{{/*
+Node selection for GPU pods: values nodeSelector plus nvidia.com/gpu.product when gpu.product is set.
+*/}}
+{{- define "bert-triton.nodeSelector" -}}
+{{- $selector := deepCopy (default dict .Values.nodeSelector) }}
+{{- if .Values.gpu.product }}
+{{- $_ := set $selector "nvidia.com/gpu.product" .Values.gpu.product }}
+{{- end }}
+{{- if $selector }}
+{{- toYaml $selector }}
+{{- end }}
+{{- end }}
+
+{{- define "bert-triton.tolerations" -}}
+{{- $s := fromJson (include "bert-triton.settings" .) }}
+{{- $tolerations := list }}
+{{- if and .Values.gpu.tolerateGpuTaint (gt (int $s.gpus) 0) }}
+{{- $tolerations = append $tolerations (dict "key" .Values.gpu.resourceName "operator" "Exists" "effect" "NoSchedule") }}
+{{- end }}
+{{- $tolerations = concat $tolerations (default list .Values.tolerations) }}
+{{- if $tolerations }}
+{{- toYaml $tolerations }}
+{{- end }}
+{{- end }}
+
+{{- define "bert-triton.engineCacheClaim" -}}
+{{- default (printf "%s-engine-cache" (include "bert-triton.fullname" .)) .Values.engineBuild.cache.existingClaim }}
+{{- end }}
+
+{{/*
+The engine-cache command, for the init container and the Job (without --out: cache only).
+*/}}
+{{- define "bert-triton.engineCacheCommand" -}}
+- /opt/nvidia/nvidia_entrypoint.sh
+- python3
+- /opt/bert-triton/docker/engine_cache.py
+- --bundle
+- /bundle
+- --cache
+- /engine-cache
+{{- end }}
