@@ -44,11 +44,22 @@ def _tensor(cls, name: str, data_type: int, dims: list[int], **extra):
     return cls(name=name, data_type=data_type, dims=dims, **extra)
 
 
-def _batching(stage: StageSettings) -> mc.ModelDynamicBatching:
-    return mc.ModelDynamicBatching(
-        preferred_batch_size=list(stage.preferred_batch_sizes),
+def _batching(stage: StageSettings, preferred: list[int] | None = None) -> mc.ModelDynamicBatching:
+    batching = mc.ModelDynamicBatching(
+        preferred_batch_size=preferred or list(stage.preferred_batch_sizes),
         max_queue_delay_microseconds=stage.max_queue_delay_us,
     )
+    if stage.max_queue_size or stage.queue_timeout_us:
+        # A bounded queue fails fast under overload instead of letting latency grow without limit.
+        batching.default_queue_policy.CopyFrom(
+            mc.ModelQueuePolicy(
+                timeout_action=mc.ModelQueuePolicy.REJECT,
+                default_timeout_microseconds=stage.queue_timeout_us,
+                allow_timeout_override=True,
+                max_queue_size=stage.max_queue_size,
+            )
+        )
+    return batching
 
 
 def _instances(stage: StageSettings) -> list[mc.ModelInstanceGroup]:
@@ -157,9 +168,8 @@ def tensorrt_encoder_config(settings: Settings, spec: ServingSpec) -> mc.ModelCo
         max_batch_size=stage.max_batch_size,
         input=[_tensor(mc.ModelInput, name, mc.TYPE_INT32, [-1]) for name in INPUTS],
         output=[_tensor(mc.ModelOutput, spec.output_name, mc.TYPE_FP32, [spec.output_size])],
-        dynamic_batching=mc.ModelDynamicBatching(
-            preferred_batch_size=list(stage.preferred_batch_sizes) or sorted({p["opt"][0] for p in plan_profiles}),
-            max_queue_delay_microseconds=stage.max_queue_delay_us,
+        dynamic_batching=_batching(
+            stage, list(stage.preferred_batch_sizes) or sorted({p["opt"][0] for p in plan_profiles})
         ),
         # Every instance may use every profile: Triton's scheduler does not route requests by shape, so an
         # instance pinned to one profile would fail requests of other lengths.

@@ -58,6 +58,8 @@ class StageSettings:
     instances: int = 1
     preferred_batch_sizes: tuple[int, ...] = ()
     gpus: tuple[int, ...] = ()
+    max_queue_size: int = 0  # requests waiting beyond this are rejected at once (UNAVAILABLE); 0: unbounded
+    queue_timeout_us: int = 0  # a request queued longer is rejected; 0: no timeout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +160,8 @@ def _check(settings: Settings) -> None:
     for name, stage in stages.items():
         if stage.max_batch_size < 1 or stage.instances < 1 or stage.max_queue_delay_us < 0:
             raise SettingsError(f"[{name}] needs max_batch_size >= 1, instances >= 1, max_queue_delay_us >= 0")
+        if stage.max_queue_size < 0 or stage.queue_timeout_us < 0:
+            raise SettingsError(f"[{name}] needs max_queue_size >= 0 and queue_timeout_us >= 0")
         if any(not 1 <= size <= stage.max_batch_size for size in stage.preferred_batch_sizes):
             raise SettingsError(f"[{name}] preferred_batch_sizes must lie in 1..max_batch_size")
     if settings.tokenizer.gpus or settings.postprocess.gpus:

@@ -23,6 +23,11 @@ def check_stage(config: mc.ModelConfig, stage) -> None:
     assert config.max_batch_size == stage.max_batch_size
     assert config.dynamic_batching.max_queue_delay_microseconds == stage.max_queue_delay_us
     assert list(config.dynamic_batching.preferred_batch_size) == list(stage.preferred_batch_sizes)
+    policy = config.dynamic_batching.default_queue_policy
+    assert policy.max_queue_size == stage.max_queue_size
+    assert policy.default_timeout_microseconds == stage.queue_timeout_us
+    if stage.max_queue_size or stage.queue_timeout_us:
+        assert policy.timeout_action == mc.ModelQueuePolicy.REJECT
     (group,) = config.instance_group
     assert group.count == stage.instances
     if stage.gpus:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from client import ClientError, TextClient
+from client import ClientError, RetryPolicy, TextClient
 from tests.conftest import start_server
 
 PROTOCOLS = ("grpc", "http")
@@ -118,3 +118,39 @@ def test_classification_ensemble_returns_labels(settings, classification_export,
     np.testing.assert_allclose(out["scores"].sum(1), 1.0, rtol=1e-5)
     assert set(out["label"]) <= {"LABEL_0", "LABEL_1"}
     assert list(out["label"]) == [["LABEL_0", "LABEL_1"][i] for i in out["scores"].argmax(1)]
+
+
+def test_overload_fails_fast_and_every_request_is_answered(settings, exported, tmp_path_factory):
+    """A bounded encoder queue rejects the excess at once (UNAVAILABLE); nothing is lost or left waiting."""
+    import dataclasses
+    import time
+
+    from model_repository.generate import generate
+
+    tight = dataclasses.replace(
+        settings, encoder=dataclasses.replace(settings.encoder, max_queue_size=2, max_queue_delay_us=0)
+    )
+    root = generate(tight, exported, tmp_path_factory.mktemp("overload") / "repo")
+    server = start_server(tight, root, tmp_path_factory.mktemp("overload_server"))
+    texts = [" ".join(["overload"] * 200)] * 64  # long texts: each takes the encoder a while
+
+    def send(text: str) -> str:
+        started = time.monotonic()
+        try:
+            with TextClient(server.grpc_url, "grpc", timeout_s=60, retry=RetryPolicy(attempts=1)) as client:
+                client.embed([text])
+            return "ok"
+        except ClientError as exc:
+            assert time.monotonic() - started < 5, "a rejection must come fast"
+            return "rejected" if "queue" in str(exc).lower() else f"error: {exc}"
+
+    try:
+        with ThreadPoolExecutor(64) as pool:
+            outcomes = list(pool.map(send, texts))
+        with TextClient(server.grpc_url, "grpc") as client:
+            assert client.embed(["a good request after the storm"]).shape == (1, 384)
+    finally:
+        server.stop()
+    assert len(outcomes) == 64, "every request got an answer"
+    assert outcomes.count("ok") + outcomes.count("rejected") == 64, [o for o in outcomes if o.startswith("error")]
+    assert outcomes.count("rejected") > 0 and outcomes.count("ok") > 0
