@@ -1,0 +1,76 @@
+"""The input catalogue: every odd or malformed request gets a defined outcome and the server keeps serving.
+
+Outcomes: an embedding (documented behaviour: empty and whitespace-only texts embed [CLS] [SEP]; control
+characters are dropped by the tokenizer's normalizer; texts past max_tokens are truncated) or a clear
+error naming the problem. After every case a good request must still succeed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from client import TextClient
+
+
+def text_tensor(values, shape=None, name="text", datatype="BYTES"):
+    data = np.array(values, dtype=np.object_ if datatype == "BYTES" else np.int32)
+    data = data.reshape(shape if shape is not None else (-1, 1))
+    tensor = grpcclient.InferInput(name, list(data.shape), datatype)
+    tensor.set_data_from_numpy(data)
+    return tensor
+
+
+@pytest.fixture
+def good_after(server):
+    yield
+    with TextClient(server.grpc_url, "grpc") as client:
+        assert np.isfinite(client.embed(["the server still serves"])).all()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("", id="empty"),
+        pytest.param("   \t\n  ", id="whitespace-only"),
+        pytest.param("abc\x00\x07\x1bdef", id="control-characters"),
+        pytest.param("😀🎉 東京は日本の首都です مرحبا بالعالم", id="emoji-cjk-rtl"),
+        pytest.param("word " * 5000, id="more-tokens-than-max"),
+        pytest.param("x" * (1 << 20), id="one-megabyte"),
+    ],
+)
+def test_odd_texts_embed(server, good_after, text):
+    with TextClient(server.grpc_url, "grpc") as client:
+        embedding = client.embed([text])
+    assert embedding.shape == (1, 384) and np.isfinite(embedding).all()
+    np.testing.assert_allclose(np.linalg.norm(embedding), 1.0, rtol=1e-4)
+
+
+def test_truncation_is_to_the_first_max_tokens(server, good_after, settings):
+    # Words that are one token each: the text past max_tokens must not change the embedding.
+    head = " ".join(["river"] * (settings.model.max_tokens - 2))
+    with TextClient(server.grpc_url, "grpc") as client:
+        short, long = client.embed([head, head + " mountain" * 300])
+    np.testing.assert_allclose(short, long, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        pytest.param([text_tensor([b"hi"], name="txt")], "txt", id="wrong-input-name"),
+        pytest.param([text_tensor([1, 2], datatype="INT32")], "INT32", id="wrong-dtype"),
+        pytest.param([text_tensor([b"a", b"b", b"c", b"d"], shape=(2, 2))], "shape", id="wrong-shape"),
+        pytest.param([], "missing required input", id="missing-input"),
+        pytest.param([text_tensor([], shape=(0, 1))], "got 0", id="zero-length-batch"),
+        pytest.param([text_tensor([b"t"] * 257)], "batch-size must be <= 256", id="batch-over-max-batch-size"),
+        pytest.param([text_tensor([b"\xff\xfe"])], "not valid UTF-8", id="invalid-utf8"),
+    ],
+)
+def test_malformed_requests_get_clear_errors(server, good_after, inputs, message):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    with pytest.raises(InferenceServerException) as failure:
+        client.infer("ensemble", inputs)
+    assert failure.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert message.lower() in str(failure.value).lower()
