@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import os
 import platform
@@ -76,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     reference = sentence_transformers_rate(settings.model.source, texts, args.st_batch_size)
     print(f"sentence-transformers encode(batch_size={args.st_batch_size}): {reference:.1f} texts/s", flush=True)
     runs = []
-    bench_settings = dataclasses.replace(settings, server=dataclasses.replace(settings.server, build_dir="build/bench"))
-    with TritonServer(bench_settings, settings.repository_dir, Ports.free(), "127.0.0.1") as server:
+    bench_dir = settings.build_dir / "bench"
+    with TritonServer(settings, settings.repository_dir, Ports.free(), "127.0.0.1", work_dir=bench_dir) as server:
         for shape in args.shapes.split(","):
             per_request, concurrency = (int(x) for x in shape.split("x"))
             rate = asyncio.run(ensemble_rate(server.grpc_url, texts, per_request, concurrency))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
 import json
 import os
 import shutil
@@ -89,11 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="e2e_bench_"))
     data = work / "input.json"
     perf_analyzer_input(load_text()[: args.texts], data)
-    run_settings = dataclasses.replace(settings, server=dataclasses.replace(settings.server, build_dir=str(work)))
     results = []
-    with TritonServer(
-        run_settings, settings.repository_dir, Ports.free(), "127.0.0.1", work / "tritonserver.log"
-    ) as server:
+    with TritonServer(settings, settings.repository_dir, Ports.free(), "127.0.0.1", work_dir=work) as server:
         stats_client = grpcclient.InferenceServerClient(server.grpc_url)
         for concurrency in (int(c) for c in args.concurrency.split(",")):
             before = model_stats(stats_client)

@@ -197,13 +197,16 @@ class TritonServer:
         repository: Path | None = None,
         ports: Ports | None = None,
         host: str | None = None,
-        log_path: Path | None = None,
+        work_dir: Path | None = None,
     ) -> None:
+        """work_dir (default: the settings' build dir) holds the prepared backends folder and the log, so
+        several servers can run side by side from one settings object."""
         self.settings = settings
         self.repository = repository or settings.repository_dir
         self.ports = ports or Ports(settings.server.http_port, settings.server.grpc_port, settings.server.metrics_port)
         self.host = host or settings.server.host
-        self.log_path = log_path or settings.build_dir / "tritonserver.log"
+        self.work_dir = work_dir or settings.build_dir
+        self.log_path = self.work_dir / "tritonserver.log"
         self.process: subprocess.Popen | None = None
 
     @property
@@ -225,7 +228,7 @@ class TritonServer:
             binary, backends = prebuilt
         else:
             binary = triton_home() / "bin" / "tritonserver"
-            backends = prepare_backends(self.settings.build_dir, version)
+            backends = prepare_backends(self.work_dir, version)
         return server_command(binary, self.repository, backends, self.ports, self.host), env
 
     def start(self, timeout_s: float = 180.0) -> TritonServer:

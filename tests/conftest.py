@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -50,10 +49,9 @@ def repository(settings, exported, tmp_path_factory) -> Path:
 
 
 def start_server(settings, repository: Path, log_dir: Path) -> TritonServer:
-    # A build dir of its own keeps the test server's backend folder apart from `make serve`'s.
-    server_settings = dataclasses.replace(settings, server=dataclasses.replace(settings.server, build_dir=str(log_dir)))
+    # A work dir of its own keeps the test server's backend folder and log apart from `make serve`'s.
     ports = Ports.free()
-    return TritonServer(server_settings, repository, ports, "127.0.0.1", log_dir / "tritonserver.log").start()
+    return TritonServer(settings, repository, ports, "127.0.0.1", work_dir=log_dir).start()
 
 
 @pytest.fixture(scope="session")
