@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from engine import load_engine
-from stage_metrics import NO_METRIC, power_of_two_buckets
+from stage_metrics import NO_METRIC, instance_labels, power_of_two_buckets
 
 
 class TritonPythonModel:
@@ -37,9 +37,7 @@ class TritonPythonModel:
 
     def _create_metrics(self, args: dict, max_batch_size: int) -> None:
         # Each update is one message to the Triton process, so execute() records per call, never per request.
-        # Triton's own label names (model, version), plus model_instance: each instance is its own stub process.
-        names = {"model": "model_name", "version": "model_version", "model_instance": "model_instance_name"}
-        labels = {label: args[key] for label, key in names.items()}
+        labels = instance_labels(args)
         counter = pb_utils.MetricFamily.COUNTER
         try:
             sequences = pb_utils.MetricFamily(

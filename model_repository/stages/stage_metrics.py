@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 
+def instance_labels(args: dict) -> dict[str, str]:
+    """Triton's own label names (model, version), plus model_instance: each instance is its own stub process."""
+    names = {"model": "model_name", "version": "model_version", "model_instance": "model_instance_name"}
+    return {label: args[key] for label, key in names.items()}
+
+
 class NoMetric:
     """Stands in for the metrics when Triton refuses them (custom metrics are an aid, not a requirement)."""
 
