@@ -9,11 +9,14 @@ and the average batch each stage executed). Writes e2e_bench.json into --out.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import os
+import resource
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from datetime import datetime, timezone
@@ -56,7 +59,12 @@ def run_perf_analyzer(
         "-f",
         str(csv_path),
     ]
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
     run = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    wall_s = time.perf_counter() - started
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
     # Exit code 2 with a CSV: measured, but the windows never agreed within the stability bound.
     stable = run.returncode == 0
     if not stable and not (run.returncode == 2 and csv_path.is_file()):
@@ -68,6 +76,9 @@ def run_perf_analyzer(
         "stable": stable,
         "inferences_per_s": float(row["Inferences/Second"]),
         **{f"{p}_ms": float(row[f"{p} latency"]) / 1e3 for p in ("p50", "p90", "p99")},
+        # The load generator's own cost: perf_analyzer's CPU seconds over its whole run (all trials).
+        "client_cpu_s": round(cpu_s, 2),
+        "client_cores_busy": round(cpu_s / wall_s, 2) if wall_s > 0 else None,
     }
 
 
@@ -81,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--texts", type=int, default=4000)
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--gpu-name", default=os.environ.get("GPU_NAME", ""))
+    parser.add_argument("--url", help="gRPC HOST:PORT of a running server (default: start one from --settings)")
     args = parser.parse_args(argv)
     if shutil.which(args.perf_analyzer) is None:
         raise SystemExit(f"perf_analyzer not found ({args.perf_analyzer}); pass --perf-analyzer or PERF_ANALYZER")
@@ -89,14 +101,18 @@ def main(argv: list[str] | None = None) -> int:
     data = work / "input.json"
     perf_analyzer_input(load_text()[: args.texts], data)
     results = []
-    with TritonServer(settings, settings.repository_dir, Ports.free(), "127.0.0.1", work_dir=work) as server:
-        stats_client = grpcclient.InferenceServerClient(server.grpc_url)
+    server = None
+    if not args.url:
+        server = TritonServer(settings, settings.repository_dir, Ports.free(), "127.0.0.1", work_dir=work)
+    with server or contextlib.nullcontext():
+        url = args.url or server.grpc_url
+        stats_client = grpcclient.InferenceServerClient(url)
         for concurrency in (int(c) for c in args.concurrency.split(",")):
             before = model_stats(stats_client)
             started = time.perf_counter()
             row = run_perf_analyzer(
                 args.perf_analyzer,
-                server.grpc_url,
+                url,
                 data,
                 concurrency,
                 args.interval_ms,
@@ -110,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"c={concurrency:4d}  {row['inferences_per_s']:9.1f} inf/s  p50 {row['p50_ms']:7.2f} ms  "
                 f"p99 {row['p99_ms']:7.2f} ms  encoder batch {encoder.get('mean_batch', 0):6.1f}  "
-                f"encoder infer {encoder.get('compute_infer_us', 0):8.1f} us/req",
+                f"encoder infer {encoder.get('compute_infer_us', 0):8.1f} us/req  "
+                f"perf_analyzer {row['client_cores_busy']} cores busy",
                 flush=True,
             )
     result = {
@@ -118,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
         "gpu": args.gpu_name,
         "cpu_cores": os.cpu_count(),
-        "command": f"python -m bench.e2e_bench --settings {args.settings or 'model_repository/settings.toml'}",
+        "command": "python -m bench.e2e_bench " + " ".join(argv if argv is not None else sys.argv[1:]),
         "settings": settings.as_dict(),
         "client": "perf_analyzer (tritonclient 2.51.0), gRPC, closed loop, 1 text per request",
         "runs": results,

@@ -11,7 +11,8 @@
 #                              libs a plain Ubuntu 24.04 + CUDA image may lack, in lib/, and
 #                              a wrapper script ./perf_analyzer that points the loader there.
 #   .kit/wheels.tar.xz         wheels/*.whl: numpy 1.26.4 + the tritonclient[grpc,http]
-#                              2.51.0 Python client stack for cp$KIT_PY manylinux x86_64.
+#                              2.51.0 Python client stack + Locust (python -m loadtest)
+#                              for cp$KIT_PY manylinux x86_64.
 #                              The wheels are re-zipped without compression (still valid
 #                              wheels, same RECORD) so that xz can squeeze them: shipped as
 #                              plain deflated .whl files they alone would be ~36 MB.
@@ -37,7 +38,7 @@ TRITONCLIENT_VERSION=2.51.0
 # Binary wheels (cp$KIT_PY, manylinux x86_64).  grpcio >= 1.67 is required by the
 # generated service_pb2_grpc.py of tritonclient 2.51; protobuf < 5 by its metadata.
 # geventhttpclient: tritonclient 2.51 pins <=2.0.2 (an HTTPS-only test issue upstream),
-# which has no cp312 wheel; 2.3.x is what later tritonclient releases use for 3.12.
+# which has no cp312 wheel; Locust 2.47 needs >= 2.5.1.  The last five: Locust's own.
 BINARY_WHEELS=(
     numpy==1.26.4
     grpcio==1.67.1
@@ -46,8 +47,13 @@ BINARY_WHEELS=(
     gevent==24.11.1
     greenlet==3.1.1
     zope.interface==7.2
-    geventhttpclient==2.3.3
+    geventhttpclient==2.6.1
     brotli==1.1.0
+    msgpack==1.2.4
+    psutil==7.2.2
+    pyzmq==27.3.0
+    markupsafe==3.0.4
+    charset-normalizer==3.5.3
 )
 # Pure-python wheels.
 PURE_WHEELS=(
@@ -56,6 +62,29 @@ PURE_WHEELS=(
     packaging==24.2
     certifi==2024.8.30
     zope.event==5.0
+    # Locust 2.47 and what it imports (the versions of the project's own venv).
+    locust==2.47.0
+    configargparse==1.9.0
+    flask==3.1.3
+    flask-cors==6.0.5
+    flask-login==0.6.3
+    werkzeug==3.1.9
+    jinja2==3.1.6
+    itsdangerous==2.2.0
+    blinker==1.9.0
+    click==8.5.1
+    python-engineio==4.15.1
+    python-socketio==5.18.1
+    bidict==0.24.1
+    simple-websocket==1.1.0
+    wsproto==1.3.2
+    h11==0.16.0
+    requests==2.34.2
+    idna==3.20
+    pytest==9.2.0
+    iniconfig==2.3.1
+    pluggy==1.7.0
+    pygments==2.21.0
 )
 MANYLINUX_PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64)
 

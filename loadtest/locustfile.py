@@ -24,7 +24,7 @@ from pathlib import Path
 
 import tritonclient.grpc as grpcclient
 from locust import FastHttpUser, User, constant, constant_throughput, events, task
-from locust.runners import MasterRunner, WorkerRunner
+from locust.runners import WorkerRunner
 
 from client.core import text_input
 from loadtest.acceptance import (
@@ -46,7 +46,7 @@ TEXTS = load_text()
 CONFIG: dict = {"model": "ensemble", "sizes": (1,), "weights": (1.0,), "timeout_s": 30.0}
 # CPU seconds (user + system, all threads) this process spent between test_start and test_stop, and
 # what each worker process reported for itself.
-CPU: dict = {"start": None, "self": None, "workers": [], "wall_start": None, "wall": None}
+CPU: dict = {"start": None, "self": None, "workers": {}, "wall_start": None, "wall": None}
 _grpc_ready = False
 
 
@@ -114,26 +114,30 @@ def _configure(environment, **_) -> None:
     HttpTextUser.network_timeout = HttpTextUser.connection_timeout = CONFIG["timeout_s"]
 
 
-@events.init.add_listener
-def _collect_worker_cpu(environment, runner=None, **_) -> None:
-    if isinstance(runner, MasterRunner):
-        runner.register_message("loadtest_cpu", lambda msg, **__: CPU["workers"].append(msg.data))
-
-
 @events.test_start.add_listener
 def _cpu_start(environment, **_) -> None:
     CPU["start"], CPU["wall_start"] = time.process_time(), time.perf_counter()
 
 
+# Workers put their CPU seconds so far into every stats report (every few seconds and a last one when they
+# stop); the master keeps the latest per worker. A message sent at test_stop would race the master's exit.
+@events.report_to_master.add_listener
+def _cpu_report(client_id, data, **_) -> None:
+    if CPU["start"] is not None:
+        data["loadtest_cpu_s"] = round(time.process_time() - CPU["start"], 3)
+
+
+@events.worker_report.add_listener
+def _cpu_collect(client_id, data, **_) -> None:
+    if "loadtest_cpu_s" in data:
+        CPU["workers"][client_id] = data["loadtest_cpu_s"]
+
+
 @events.test_stop.add_listener
 def _cpu_stop(environment, **_) -> None:
-    if CPU["start"] is None:
-        return
-    used = round(time.process_time() - CPU["start"], 3)
-    if isinstance(environment.runner, WorkerRunner):
-        environment.runner.send_message("loadtest_cpu", used)
-    else:
-        CPU["self"], CPU["wall"] = used, round(time.perf_counter() - CPU["wall_start"], 3)
+    if CPU["start"] is not None and not isinstance(environment.runner, WorkerRunner):
+        CPU["self"] = round(time.process_time() - CPU["start"], 3)
+        CPU["wall"] = round(time.perf_counter() - CPU["wall_start"], 3)
 
 
 def desynchronize() -> None:
@@ -329,9 +333,9 @@ def _verdict(environment, **_) -> None:
         "workers": getattr(options, "processes", 0) or 0,
         "test_wall_s": CPU["wall"],
         "load_generator_cpu_s": {
-            "during_test": round((CPU["self"] or 0.0) + sum(CPU["workers"]), 3),
+            "during_test": round((CPU["self"] or 0.0) + sum(CPU["workers"].values()), 3),
             "this_process": CPU["self"],
-            "workers": CPU["workers"],
+            "workers": sorted(CPU["workers"].values()),
         },
         "percentile_resolution_ms": "1 below 100 ms (Locust rounds response times to 2 significant digits)",
     }

@@ -4,7 +4,6 @@ and the text printed after it."""
 from __future__ import annotations
 
 import csv
-import itertools
 from pathlib import Path
 
 PERCENTILES = ("50%", "95%", "99%")
@@ -38,11 +37,21 @@ def read_history(path: Path) -> list[dict]:
 
 
 def interval_rps(rows: list[dict]) -> list[float | None]:
-    """Requests/s between consecutive rows, from the running total (None across a stats reset)."""
-    out: list[float | None] = [None]
-    for before, row in itertools.pairwise(rows):
-        span, count = row["t"] - before["t"], row["requests"] - before["requests"]
-        out.append(count / span if span > 0 and count >= 0 else None)
+    """Requests/s between consecutive changes of the running total, at the row where it changed.
+
+    With --processes the master's total moves only when a worker reports (every ~3 s), so per-row
+    differences would alternate between 0 and a multiple of the rate; rows without a change get None.
+    A reset of the stats (total going down) starts over."""
+    out: list[float | None] = [None] * len(rows)
+    last = 0
+    for i in range(1, len(rows)):
+        count = rows[i]["requests"] - rows[last]["requests"]
+        if count < 0:
+            last = i
+        elif count > 0:
+            span = rows[i]["t"] - rows[last]["t"]
+            out[i] = count / span if span > 0 else None
+            last = i
     return out
 
 
@@ -51,15 +60,20 @@ def plot(rows: list[dict], path: Path, title: str, p50_ms: float, p99_ms: float,
     window of the last ~10 s) against the p50 and p99 bars; a ramp's measured step windows are shaded."""
     if not rows:
         return None
-    import matplotlib
+    try:
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:  # a load-generator host without matplotlib still gets its verdict and CSVs
+        print(f"loadtest: no PNG ({exc}); the CSV history has the same series")
+        return None
 
     t0 = rows[0]["t"]
     seconds = [row["t"] - t0 for row in rows]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
-    top.plot(seconds, interval_rps(rows), "o-", ms=3, label="requests/s")
+    rate = [(second, rps) for second, rps in zip(seconds, interval_rps(rows), strict=True) if rps is not None]
+    top.plot([second for second, _ in rate], [rps for _, rps in rate], "o-", ms=3, label="requests/s")
     if any(row["fail_per_s"] for row in rows):
         top.plot(seconds, [row["fail_per_s"] for row in rows], "r-", label="failures/s (Locust)")
     top.set(ylabel="requests/s", title=title)

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# One device call on the H200 for the acceptance bar (issue 5): one tritonserver with the GPU ensemble
+# (bench/bert-base-h200.toml), then against that same server
+#   1. perf_analyzer, closed loop, concurrency 200 (python -m bench.e2e_bench --url ...), and
+#   2. Locust, closed loop, 200 users (python -m loadtest ...), once per LOCUST_PROCESSES entry,
+# each recording its own CPU cost. Run from the repo root with .kit carried; everything lands in $OUT.
+set -euo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/h200_acceptance}
+mkdir -p "$OUT"
+IMAGE_PYTHON=${IMAGE_PYTHON:-/opt/torch/.venv/bin/python3}
+SETTINGS=${SETTINGS:-bench/bert-base-h200.toml}
+USERS=${USERS:-200}
+DURATION=${DURATION:-60s}
+LOCUST_PROCESSES=${LOCUST_PROCESSES:-4 8}
+GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 || true)
+echo "GPU: $GPU_NAME, $(nproc) cores, $(date -u +%FT%TZ)"
+
+if [ "${EXPORT:-1}" = 1 ]; then
+  "$IMAGE_PYTHON" -m export --settings "$SETTINGS" --tokenizer .kit/tokenizer.json > "$OUT/export.log" 2>&1 || { tail -30 "$OUT/export.log"; exit 1; }
+  tail -2 "$OUT/export.log"
+fi
+
+# shellcheck source=bench/device_env.sh
+source bench/device_env.sh
+python3 -m model_repository.generate --settings "$SETTINGS"
+python3 -m model_repository.server --settings "$SETTINGS" > "$OUT/server.out" 2>&1 &
+SERVER_PID=$!
+trap 'kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true' EXIT
+ready() { python3 -c 'import urllib.request as u; u.urlopen("http://127.0.0.1:8000/v2/models/ensemble/ready", timeout=2)' 2>/dev/null; }
+for _ in $(seq 240); do
+  ready && break
+  kill -0 "$SERVER_PID" 2>/dev/null || { tail -40 "$OUT/server.out"; exit 1; }
+  sleep 0.5
+done
+ready || { echo "server not ready after 120 s"; tail -40 "$OUT/server.out"; exit 1; }
+
+python3 -m bench.e2e_bench --settings "$SETTINGS" --url 127.0.0.1:8001 --perf-analyzer "$PERF_ANALYZER" \
+  --gpu-name "$GPU_NAME" --concurrency "$USERS" --out "$OUT" 2>&1 | tee "$OUT/e2e_bench.log"
+
+for processes in $LOCUST_PROCESSES; do
+  # Exit 1 = the bar was missed: that is a result to report, not a failed measurement.
+  python3 -m loadtest --settings "$SETTINGS" --url 127.0.0.1:8001 --metrics-url 127.0.0.1:8002 \
+    --users "$USERS" --duration "$DURATION" --processes "$processes" --results "$OUT/loadtest-p$processes" \
+    2>&1 | tee "$OUT/loadtest-p$processes.log" | tail -25 || true
+done
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv >> "$OUT/e2e_bench.log" 2>/dev/null || true
+# The device tool brings back a limited number of files: one archive per Locust run.
+for processes in $LOCUST_PROCESSES; do
+  tar -C "$OUT" -czf "$OUT/loadtest-p$processes.tar.gz" "loadtest-p$processes" && rm -rf "${OUT:?}/loadtest-p$processes"
+done
