@@ -63,6 +63,11 @@ class StageSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class TokenizerSettings(StageSettings):
+    max_text_bytes: int = 1 << 20  # a longer text (UTF-8) is refused before it is decoded or tokenized
+
+
+@dataclasses.dataclass(frozen=True)
 class EnsembleSettings:
     max_batch_size: int = 256
 
@@ -73,6 +78,9 @@ class ServerSettings:
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
+    health_port: int = 8003  # the launcher's /ready and /live (Triton's own readiness misses dead stubs)
+    watchdog_interval_s: float = 0.5  # how often the launcher checks the stage stubs; 0 turns it off
+    exit_timeout_s: int = 10  # SIGTERM: serve until quiet (at most this long), then Triton has this long to finish
     build_dir: str = "build"
 
 
@@ -95,7 +103,7 @@ class LoadTestSettings:
 class Settings:
     model: ModelSettings
     engine: EngineSettings
-    tokenizer: StageSettings
+    tokenizer: TokenizerSettings
     encoder: StageSettings
     postprocess: StageSettings
     ensemble: EnsembleSettings
@@ -166,6 +174,8 @@ def _check(settings: Settings) -> None:
             raise SettingsError(f"[{name}] preferred_batch_sizes must lie in 1..max_batch_size")
     if settings.tokenizer.gpus or settings.postprocess.gpus:
         raise SettingsError("only the encoder runs on GPUs")
+    if type(settings.tokenizer.max_text_bytes) is not int or settings.tokenizer.max_text_bytes < 1:
+        raise SettingsError("tokenizer.max_text_bytes must be a positive integer")
     if engine.kind in ("torch_gpu", "tensorrt") and not settings.encoder.gpus:
         raise SettingsError(f"engine.kind {engine.kind} needs encoder.gpus, e.g. [0]")
     buckets = settings.tensorrt.sequence_buckets
@@ -179,6 +189,9 @@ def _check(settings: Settings) -> None:
         raise SettingsError("ensemble.max_batch_size must not exceed tokenizer.max_batch_size")
     if settings.ensemble.max_batch_size > settings.encoder.max_batch_size:
         raise SettingsError("ensemble.max_batch_size must not exceed encoder.max_batch_size")
+    server = settings.server
+    if server.watchdog_interval_s < 0 or server.exit_timeout_s < 1:
+        raise SettingsError("server needs watchdog_interval_s >= 0 and exit_timeout_s >= 1")
     _check_loadtest(settings.loadtest, settings.ensemble.max_batch_size)
 
 
@@ -212,7 +225,7 @@ def load_settings(path: str | Path | None = None) -> Settings:
     settings = Settings(
         model=_section(ModelSettings, raw, "model"),
         engine=_section(EngineSettings, raw, "engine"),
-        tokenizer=_section(StageSettings, raw, "tokenizer"),
+        tokenizer=_section(TokenizerSettings, raw, "tokenizer"),
         encoder=_section(StageSettings, raw, "encoder"),
         postprocess=_section(StageSettings, raw, "postprocess"),
         ensemble=_section(EnsembleSettings, raw, "ensemble"),

@@ -2,10 +2,14 @@
 
 Outcomes: an embedding (documented behaviour: empty and whitespace-only texts embed [CLS] [SEP]; control
 characters are dropped by the tokenizer's normalizer; texts past max_tokens are truncated) or a clear
-error naming the problem. After every case a good request must still succeed.
+error naming the problem (a text over tokenizer.max_text_bytes among them, refused before it is tokenized).
+After every case a good request must still succeed.
 """
 
 from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -74,3 +78,48 @@ def test_malformed_requests_get_clear_errors(server, good_after, inputs, message
         client.infer("ensemble", inputs)
     assert failure.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert message.lower() in str(failure.value).lower()
+
+
+def over_limit_texts(limit: int) -> dict[str, bytes]:
+    return {
+        "one-byte-over": b"x" * (limit + 1),
+        # Fewer characters than the limit, more bytes: the limit is on bytes.
+        "multi-byte": ("東" * (limit // 3 + 1)).encode(),
+        # 8 MB without spaces: seconds of tokenizing (no prefix to cut), were it not refused unread.
+        "eight-times": ("東京" * (8 * limit // 6)).encode(),
+    }
+
+
+@pytest.mark.parametrize("case", ["one-byte-over", "multi-byte", "eight-times"])
+def test_text_over_max_text_bytes_is_refused_at_once(server, good_after, settings, case):
+    limit = settings.tokenizer.max_text_bytes
+    text = over_limit_texts(limit)[case]
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    start = time.perf_counter()
+    with pytest.raises(InferenceServerException) as failure:
+        client.infer("ensemble", [text_tensor([b"a fine text", text])])
+    elapsed = time.perf_counter() - start
+    assert failure.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert f"text[1] is {len(text)} bytes, over the limit of {limit} (tokenizer.max_text_bytes)" in str(failure.value)
+    assert elapsed < 1.5, f"refusing took {elapsed:.2f} s"
+
+
+def test_text_over_max_text_bytes_fails_only_its_own_request(server, good_after, settings):
+    # Sent together, so that they tend to share the tokenizer's execute() calls: the others are answered.
+    huge = over_limit_texts(settings.tokenizer.max_text_bytes)["one-byte-over"]
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+
+    def infer(text: bytes):
+        try:
+            return client.infer("ensemble", [text_tensor([text])]).as_numpy("embedding")
+        except InferenceServerException as exc:
+            return exc
+
+    texts = [huge if i % 4 == 0 else f"text number {i}".encode() for i in range(32)]
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(infer, texts))
+    for text, result in zip(texts, results, strict=True):
+        if text is huge:
+            assert isinstance(result, InferenceServerException) and "tokenizer.max_text_bytes" in str(result)
+        else:
+            assert isinstance(result, np.ndarray) and result.shape == (1, 384) and np.isfinite(result).all()

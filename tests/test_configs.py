@@ -49,6 +49,7 @@ def check_repository(root: Path, settings, spec: ServingSpec) -> None:
     assert tokenizer.backend == "python"
     check_stage(tokenizer, settings.tokenizer)
     assert tokenizer.parameters["max_tokens"].string_value == str(settings.model.max_tokens)
+    assert tokenizer.parameters["max_text_bytes"].string_value == str(settings.tokenizer.max_text_bytes)
     assert [(i.name, i.data_type) for i in tokenizer.input] == [("text", mc.TYPE_STRING)]
     assert tokenizer.model_warmup, "the tokenizer warms up"
 
@@ -99,10 +100,12 @@ def test_other_settings_are_followed(exported, tmp_path):
         "[tokenizer]\nmax_batch_size = 256\npreferred_batch_sizes = [64, 128]",
     )
     text = text.replace("[encoder]\nmax_batch_size = 256", "[encoder]\nmax_batch_size = 512")
+    text = text.replace("max_text_bytes = 1048576", "max_text_bytes = 65536")
     path = tmp_path / "settings.toml"
     path.write_text(text)
     settings = load_settings(path)
     assert settings.encoder.gpus == (0, 1) and settings.tokenizer.preferred_batch_sizes == (64, 128)
+    assert settings.tokenizer.max_text_bytes == 65536
     root = generate(settings, exported, tmp_path / "repo")
     check_repository(root, settings, ServingSpec.load(exported))
     assert (root / "encoder" / "1" / "model.safetensors").is_file(), "torch_gpu serves the safetensors weights"
@@ -116,6 +119,9 @@ def test_other_settings_are_followed(exported, tmp_path):
         ('kind = "onnxruntime_cpu"', 'kind = "tensorflow"', "engine.kind"),
         ("max_tokens = 256", "max_tokens = 4096", "max_tokens"),
         ("instances = 1", "instances = 0", "instances"),
+        ("max_text_bytes = 1048576", "max_text_bytes = 0", "max_text_bytes"),
+        ("max_text_bytes = 1048576", "max_text_bytes = 1.0e6", "max_text_bytes"),
+        ("[encoder]", "[encoder]\nmax_text_bytes = 1", "unknown keys"),
         ("[server]", "[server]\ncolour = 1", "unknown keys"),
         ('kind = "onnxruntime_cpu"', 'kind = "torch_gpu"', "encoder.gpus"),
     ],

