@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := build/stamps/$(subst /,_,$(SETTINGS))
 
-.PHONY: setup export engines repo serve test lint bench loadtest images compose bundle chart-check clean
+.PHONY: setup export engines repo serve test lint bench loadtest reliability images compose bundle chart-check clean
 
 setup: $(VENV)/.installed
 
@@ -57,6 +57,10 @@ PROTOCOL ?=
 LOADTEST_ARGS ?=
 loadtest: $(VENV)/.installed
 	$(PY) -m loadtest --settings $(SETTINGS) $(if $(PROTOCOL),--protocol $(PROTOCOL)) $(if $(URL),--url $(URL)) $(LOADTEST_ARGS)
+
+# Stub kills and a restart under load against its own launcher on free ports; every request counted.
+reliability: $(STAMP).repo
+	$(PY) -m loadtest.reliability --settings $(SETTINGS) --out build/reliability
 
 # Images from the pinned NGC releases (docker/versions.env). WITH_TORCH=1: torch for engine.kind torch_gpu.
 REGISTRY ?=

@@ -20,7 +20,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--protocol", choices=PROTOCOLS, default="grpc")
     parser.add_argument("--model", default="ensemble")
     parser.add_argument("--timeout", type=float, default=30.0, help="deadline per call in seconds, retries included")
-    parser.add_argument("--retries", type=int, default=4, help="total tries when the server is unavailable")
+    parser.add_argument(
+        "--retries", type=int, help="total tries when the server is unavailable (default: until the deadline)"
+    )
     args = parser.parse_args(argv)
     texts = sys.stdin.read().splitlines() if args.texts == ["-"] else args.texts
     try:

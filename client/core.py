@@ -1,7 +1,8 @@
 """TextClient / AsyncTextClient: texts in, the ensemble's outputs (embeddings, or labels and scores) out.
 
 Both retry a call that failed because the server was unavailable (connection refused or reset, gRPC
-UNAVAILABLE, HTTP 503) with exponential backoff and full jitter, within one overall deadline per call.
+UNAVAILABLE, HTTP 503, a Python stage whose stub died and is being restarted) with exponential backoff and
+full jitter, within one overall deadline per call, so a server restart or a stub restart is ridden out.
 """
 
 from __future__ import annotations
@@ -21,6 +22,19 @@ from tritonclient.utils import InferenceServerException
 
 PROTOCOLS = ("grpc", "http")
 RETRYABLE_STATUSES = {"StatusCode.UNAVAILABLE", "503", "UNAVAILABLE"}
+# Answers that mean "not now" for a model that exists, so a retry will find it: a Python stage's stub died
+# (the request never ran, and the launcher's watchdog restarts the stub within seconds), and a server that
+# is shutting down has unloaded its models while its endpoints still answer.
+TRANSIENT_MESSAGES = ("is not healthy", "has no available versions")
+# gRPC reconnects with its own backoff (1 s, growing to 120 s by default): cap it so that a client sees a
+# restarted server within ~1 s. The rest are tritonclient's defaults, which channel_args replaces.
+GRPC_CHANNEL_ARGS = [
+    ("grpc.max_send_message_length", 2**31 - 1),
+    ("grpc.max_receive_message_length", 2**31 - 1),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
 
 
 class ClientError(RuntimeError):
@@ -29,20 +43,23 @@ class ClientError(RuntimeError):
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    attempts: int = 4  # total tries, the first included
+    attempts: int | None = None  # total tries, the first included; None: as many as the deadline allows
     base_delay_s: float = 0.05
     max_delay_s: float = 1.0
 
     def delays(self) -> Iterator[float]:
-        for attempt in range(self.attempts - 1):
-            yield random.uniform(0, min(self.max_delay_s, self.base_delay_s * 2**attempt))
+        attempt = 0
+        while self.attempts is None or attempt < self.attempts - 1:
+            yield random.uniform(0, min(self.max_delay_s, self.base_delay_s * 2 ** min(attempt, 30)))
+            attempt += 1
 
 
 def is_retryable(exc: BaseException) -> bool:
     if isinstance(exc, InferenceServerException):
         status = str(exc.status() or "")
         message = str(exc.message() or "")
-        return status in RETRYABLE_STATUSES or "failed to connect" in message.lower()
+        transient = any(text in message for text in TRANSIENT_MESSAGES)
+        return status in RETRYABLE_STATUSES or "failed to connect" in message.lower() or transient
     return isinstance(exc, (ConnectionError, TimeoutError, OSError))
 
 
@@ -112,7 +129,8 @@ class TextClient(_Base):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if self.protocol == "grpc":
-            self._module, self._client = grpcclient, grpcclient.InferenceServerClient(self.url)
+            self._module = grpcclient
+            self._client = grpcclient.InferenceServerClient(self.url, channel_args=GRPC_CHANNEL_ARGS)
         else:
             self._module = httpclient
             self._client = httpclient.InferenceServerClient(
@@ -159,7 +177,8 @@ class AsyncTextClient(_Base):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if self.protocol == "grpc":
-            self._module, self._client = grpcclient, grpcclient_aio.InferenceServerClient(self.url)
+            self._module = grpcclient
+            self._client = grpcclient_aio.InferenceServerClient(self.url, channel_args=GRPC_CHANNEL_ARGS)
         else:
             self._module = httpclient
             self._client = httpclient_aio.InferenceServerClient(self.url, conn_timeout=self.timeout_s)

@@ -81,7 +81,7 @@ ENV PYTHONPATH=/opt/bert-triton \
     TRT_VERSION=${TRT_VERSION:-$TENSORRT_VERSION}
 
 USER ${APP_UID}:${APP_UID}
-EXPOSE 8000 8001 8002
+EXPOSE 8000 8001 8002 8003
 
 # Loading models, warm-up and (torch_gpu) CUDA-graph capture take minutes: a long start period.
 HEALTHCHECK --start-period=600s --interval=30s --timeout=10s --retries=3 \

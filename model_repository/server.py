@@ -3,24 +3,37 @@
 The Python backend's stub embeds the `python3` found first on PATH, so the launcher puts this
 interpreter's folder first and refuses to start when that interpreter has numpy >= 2: Triton 2.51's stub
 then silently reads every numeric input element as element 0 and crashes on strings.
+
+The launcher stays tritonserver's parent: it restarts a Python stage whose stub died (watchdog.py), serves
+/ready and /live on server.health_port (ready = Triton ready, every stub alive, not shutting down), and on
+SIGTERM or SIGINT drains: /ready turns 503 at once, Triton keeps serving until no request has completed for
+a second (at most server.exit_timeout_s), then gets SIGTERM and has server.exit_timeout_s again to finish.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import importlib.util
+import itertools
+import json
 import os
+import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from model_repository.settings import Settings, SettingsError, load_settings
+from model_repository.watchdog import ADMIN_HEADER, StubWatchdog
 
 # Python backend shared-memory pool per model instance: large enough for a full dynamic batch of
 # token ids and embeddings without growing it request by request.
@@ -122,11 +135,12 @@ class Ports:
     http: int
     grpc: int
     metrics: int
+    health: int = 0  # the launcher's /ready and /live; 0: not served
 
     @classmethod
     def free(cls) -> Ports:
-        """Three ports nothing listens on now (for tests and benchmarks beside a running server)."""
-        sockets = [socket.socket() for _ in range(3)]
+        """Four ports nothing listens on now (for tests and benchmarks beside a running server)."""
+        sockets = [socket.socket() for _ in range(4)]
         for sock in sockets:
             sock.bind(("127.0.0.1", 0))
         ports = [sock.getsockname()[1] for sock in sockets]
@@ -134,8 +148,29 @@ class Ports:
             sock.close()
         return cls(*ports)
 
+    @classmethod
+    def of(cls, settings: Settings) -> Ports:
+        server = settings.server
+        return cls(server.http_port, server.grpc_port, server.metrics_port, server.health_port)
 
-def server_command(binary: Path, repository: Path, backends: Path, ports: Ports, host: str) -> list[str]:
+
+def server_command(
+    binary: Path,
+    repository: Path,
+    backends: Path,
+    ports: Ports,
+    host: str,
+    exit_timeout_s: int,
+    admin_key: str | None = None,
+) -> list[str]:
+    """tritonserver's flags; with admin_key, explicit model control so that the watchdog can reload a stage,
+    and the repository API this opens restricted to requests carrying that per-launch key."""
+    control = [
+        "--model-control-mode=explicit",
+        "--load-model=*",
+        f"--http-restricted-api=model-repository:{ADMIN_HEADER}={admin_key}",
+        f"--grpc-restricted-protocol=model-repository:{ADMIN_HEADER}={admin_key}",
+    ]
     return [
         str(binary),
         f"--model-repository={repository}",
@@ -148,8 +183,9 @@ def server_command(binary: Path, repository: Path, backends: Path, ports: Ports,
         f"--metrics-port={ports.metrics}",
         f"--backend-config=python,shm-default-byte-size={SHM_DEFAULT_BYTES}",
         "--strict-readiness=true",
-        "--exit-timeout-secs=10",
+        f"--exit-timeout-secs={exit_timeout_s}",
         "--log-verbose=0",
+        *(control if admin_key else []),
     ]
 
 
@@ -188,8 +224,16 @@ def check_tensorrt_plans(repository: Path, gpu_identity=None, tensorrt_version: 
                 )
 
 
+def _die_with_parent() -> None:
+    """In the forked child: Linux sends it SIGKILL when the launcher dies, so no orphaned tritonserver keeps
+    the ports (PR_SET_PDEATHSIG; it fires when the forking thread ends, so start() runs on a long-lived one)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
 class TritonServer:
-    """A tritonserver child process; `with TritonServer(...) as server:` waits until the ensemble is ready."""
+    """A tritonserver child process; `with TritonServer(...) as server:` waits until the ensemble is ready.
+
+    Once ready, a StubWatchdog restarts a stage whose stub died (server.watchdog_interval_s > 0)."""
 
     def __init__(
         self,
@@ -198,16 +242,21 @@ class TritonServer:
         ports: Ports | None = None,
         host: str | None = None,
         work_dir: Path | None = None,
+        console_log: bool = False,
     ) -> None:
         """work_dir (default: the settings' build dir) holds the prepared backends folder and the log, so
-        several servers can run side by side from one settings object."""
+        several servers can run side by side from one settings object; with console_log Triton logs to
+        this process's stdout instead (the launcher: container logs, read-only root filesystem)."""
         self.settings = settings
         self.repository = repository or settings.repository_dir
-        self.ports = ports or Ports(settings.server.http_port, settings.server.grpc_port, settings.server.metrics_port)
+        self.ports = ports or Ports.of(settings)
         self.host = host or settings.server.host
         self.work_dir = work_dir or settings.build_dir
-        self.log_path = self.work_dir / "tritonserver.log"
+        self.log_path = None if console_log else self.work_dir / "tritonserver.log"
+        self.admin_key = secrets.token_urlsafe(24)
         self.process: subprocess.Popen | None = None
+        self.watchdog: StubWatchdog | None = None
+        self.draining = False
 
     @property
     def http_url(self) -> str:
@@ -229,43 +278,113 @@ class TritonServer:
         else:
             binary = triton_home() / "bin" / "tritonserver"
             backends = prepare_backends(self.work_dir, version)
-        return server_command(binary, self.repository, backends, self.ports, self.host), env
+        exit_timeout_s = self.settings.server.exit_timeout_s
+        command = server_command(
+            binary, self.repository, backends, self.ports, self.host, exit_timeout_s, self.admin_key
+        )
+        return command, env
 
     def start(self, timeout_s: float = 180.0) -> TritonServer:
         command, env = self.command()
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = self.log_path.open("wb")
-        self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+        if self.log_path is None:
+            self.process = subprocess.Popen(command, env=env, preexec_fn=_die_with_parent)
+        else:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.log_path.open("wb") as log_file:  # the child keeps its own descriptor
+                self.process = subprocess.Popen(
+                    command, env=env, stdout=log_file, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+                )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise ServerError(f"tritonserver exited with {self.process.returncode}; {self._log_tail()}")
             if self.model_ready("ensemble"):
+                interval = self.settings.server.watchdog_interval_s
+                if interval > 0:
+                    self.watchdog = StubWatchdog(self.process.pid, self.http_url, self.admin_key, interval).start()
                 return self
             time.sleep(0.25)
         self.stop()
         raise ServerError(f"tritonserver not ready after {timeout_s:.0f} s; {self._log_tail()}")
 
     def _log_tail(self, lines: int = 40) -> str:
+        if self.log_path is None:
+            return "its log is above"
         tail = self.log_path.read_text(errors="replace").splitlines()[-lines:]
         return f"last lines of {self.log_path}:\n" + "\n".join(tail)
 
     def model_ready(self, model: str) -> bool:
-        url = f"http://{self.http_url}/v2/models/{model}/ready"
+        return self._http_ok(f"/v2/models/{model}/ready")
+
+    def _http_ok(self, path: str) -> bool:
         try:
-            with urllib.request.urlopen(url, timeout=2) as response:
+            with urllib.request.urlopen(f"http://{self.http_url}{path}", timeout=2) as response:
                 return response.status == 200
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return False
 
+    def health(self) -> tuple[bool, list[str]]:
+        """(ready, problems): what the launcher's /ready answers."""
+        if self.process is None or self.process.poll() is not None:
+            return False, ["tritonserver is not running"]
+        problems = ["shutting down: draining in-flight requests"] if self.draining else []
+        if not self._http_ok("/v2/health/ready"):
+            problems.append("tritonserver is not ready")
+        problems += self.watchdog.problems() if self.watchdog else []
+        return not problems, problems
+
+    def drain(self, quiet_s: float = 1.0) -> None:
+        """Readiness 503 and no more stub restarts; wait until no request is between two stages and none has
+        completed for quiet_s (at most server.exit_timeout_s); then SIGTERM Triton.
+
+        Why wait here: on SIGTERM Triton 2.51 finishes the model executions running, but refuses the next
+        step of an ensemble request already in flight ("Server is stopping, scheduler for model has stopped
+        accepting new inference requests") and then closes the streams of the rest."""
+        if self.draining:
+            return
+        self.draining = True
+        if self.watchdog:
+            self.watchdog.stop()
+        deadline = time.monotonic() + self.settings.server.exit_timeout_s
+        last, quiet_since = None, time.monotonic()
+        while time.monotonic() < deadline and self.process and self.process.poll() is None:
+            counts = self._stage_counts()
+            if counts != last or counts is None:
+                last, quiet_since = counts, time.monotonic()
+            elif time.monotonic() - quiet_since >= quiet_s and not self._between_stages(counts):
+                break
+            time.sleep(0.1)
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+
+    def _stage_counts(self) -> dict[str, tuple[int, int]] | None:
+        """(succeeded, failed) requests per model, from Triton's statistics API."""
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/models/stats", timeout=2) as response:
+                stats = json.loads(response.read())
+        except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
+            return None
+        return {
+            model["name"]: (model["inference_stats"]["success"]["count"], model["inference_stats"]["fail"]["count"])
+            for model in stats["model_stats"]
+        }
+
+    def _between_stages(self, counts: dict[str, tuple[int, int]]) -> int:
+        """Requests a stage passed on that the next stage has not finished (queued or running there)."""
+        stages = ["tokenizer", "encoder"] + (["postprocess"] if self.settings.model.task == "classification" else [])
+        zero = (0, 0)
+        return sum(counts.get(a, zero)[0] - sum(counts.get(b, zero)) for a, b in itertools.pairwise(stages))
+
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
-            self.process.terminate()
+            self.drain()
             try:
-                self.process.wait(timeout=30)
+                self.process.wait(timeout=2 * self.settings.server.exit_timeout_s + 20)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        elif self.watchdog:
+            self.watchdog.stop()
 
     def __enter__(self) -> TritonServer:
         return self.start()
@@ -274,24 +393,89 @@ class TritonServer:
         self.stop()
 
 
+class HealthEndpoint(ThreadingHTTPServer):
+    """GET /ready (200 or 503 with the problems) and /live (200 while tritonserver runs), as JSON."""
+
+    daemon_threads = True
+
+    def __init__(self, server: TritonServer) -> None:
+        self.triton = server
+        super().__init__((server.host, server.ports.health), _HealthHandler)
+
+
+class _HealthHandler(BaseHTTPRequestHandler):
+    server: HealthEndpoint
+
+    def do_GET(self) -> None:
+        triton = self.server.triton
+        if self.path == "/ready":
+            ok, problems = triton.health()
+            body = {"ready": ok, "problems": problems}
+        elif self.path == "/live":
+            ok = triton.process is not None and triton.process.poll() is None
+            body = {"live": ok}
+        else:
+            self.send_error(404, "GET /ready or /live")
+            return
+        if triton.watchdog and triton.watchdog.restarts:
+            body["stub_restarts"] = [
+                {"model": r.model, "at": r.detected_at, "seconds": r.seconds} for r in triton.watchdog.restarts
+            ]
+        data = json.dumps(body).encode()
+        self.send_response(200 if ok else 503)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args) -> None:  # probes every few seconds would flood the log
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m model_repository.server", description=__doc__)
     parser.add_argument("--settings", help="settings file (default: model_repository/settings.toml)")
     parser.add_argument("--repository", type=Path, help="model repository (default: from the settings)")
     parser.add_argument("--host", help="bind address (default: server.host from the settings)")
+    for name in ("http", "grpc", "metrics", "health"):
+        parser.add_argument(f"--{name}-port", type=int, help=f"default: server.{name}_port from the settings")
     args = parser.parse_args(argv)
     try:
         settings = load_settings(args.settings)
-        server = TritonServer(settings, args.repository, host=args.host)
-        command, env = server.command()
+        defaults = Ports.of(settings)
+        ports = Ports(
+            *(getattr(args, f"{n}_port") or getattr(defaults, n) for n in ("http", "grpc", "metrics", "health"))
+        )
+        server = TritonServer(settings, args.repository, ports, args.host, console_log=True)
+        server.command()  # refuse a bad repository or stub interpreter before anything starts
     except (SettingsError, ServerError) as exc:
         print(f"serve failed: {exc}", file=sys.stderr)
         return 1
+
+    def on_signal(signum, _frame) -> None:
+        print(f"launcher: {signal.Signals(signum).name}: draining", flush=True)
+        threading.Thread(target=server.drain, name="drain", daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        server.start()
+    except ServerError as exc:
+        if server.draining:
+            return 0
+        print(f"serve failed: {exc}", file=sys.stderr)
+        return 1
+    health = HealthEndpoint(server)
+    threading.Thread(target=health.serve_forever, name="health", daemon=True).start()
     print(
-        f"tritonserver: HTTP {server.http_url}, gRPC {server.grpc_url}, metrics {server.host}:{server.ports.metrics}",
+        f"tritonserver ready: HTTP {server.http_url}, gRPC {server.grpc_url}, metrics {server.host}:{ports.metrics}, "
+        f"launcher /ready and /live on {server.host}:{ports.health}",
         flush=True,
     )
-    os.execve(command[0], command, env)
+    code = server.process.wait()
+    health.shutdown()
+    print(f"launcher: tritonserver exited with {code}", flush=True)
+    return 128 - code if code < 0 else code  # killed by signal N: 128 + N, as a shell reports it
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 import types
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -43,6 +44,7 @@ from model_repository.server import (
 )
 from model_repository.settings import ROOT, load_settings
 from model_repository.stages.tokenization import load_tokenizer
+from model_repository.watchdog import child_processes, stub_processes
 
 DOCKER = ROOT / "docker"
 CHART = ROOT / "helm" / "bert-triton"
@@ -81,19 +83,6 @@ def samples(text: str, name: str, **labels) -> float:
         if labels.items() <= found.items():
             total += float(match.group(2))
     return total
-
-
-def children(pid: int) -> list[tuple[int, bytes]]:
-    """(pid, command line) of the processes whose parent is pid (Triton's Python-backend stubs)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            if parent == pid:
-                found.append((int(stat.parent.name), (stat.parent / "cmdline").read_bytes()))
-        except (OSError, IndexError, ValueError):
-            continue  # the process ended meanwhile
-    return found
 
 
 def metric_names(text: str) -> set[str]:
@@ -413,7 +402,8 @@ def image_like_server(settings, repository, tmp_path_factory):
     work = tmp_path_factory.mktemp("image_like")
     ports = Ports.free()
     text = settings.path.read_text()
-    for name, port in (("http_port", ports.http), ("grpc_port", ports.grpc), ("metrics_port", ports.metrics)):
+    names = ("http_port", "grpc_port", "metrics_port", "health_port")
+    for name, port in zip(names, (ports.http, ports.grpc, ports.metrics, ports.health), strict=True):
         text, count = re.subn(rf"^{name} = \d+", f"{name} = {port}", text, flags=re.M)
         assert count == 1
     (work / "settings.toml").write_text(text)
@@ -438,14 +428,14 @@ def image_like_server(settings, repository, tmp_path_factory):
             pytest.fail(f"the image-like server did not come up:\n{(work / 'server.log').read_text()[-3000:]}")
         time.sleep(0.5)
     yield dataclasses.make_dataclass("ImageLike", ["process", "ports", "url", "settings"])(process, ports, url, text)
-    process.kill()  # the stub-kill test leaves Triton in its 10 s exit timeout otherwise
+    process.kill()  # tritonserver follows its launcher (PR_SET_PDEATHSIG); a drain would wait for the dead stub
     process.wait()
 
 
 def test_wrapper_passes_extra_flags_and_the_dashboard_metrics_exist(image_like_server, chart_dashboard_metrics):
     server = image_like_server
-    # The launcher exec'd tritonserver.sh, which exec'd tritonserver: one process, the real binary.
-    cmdline = Path(f"/proc/{server.process.pid}/cmdline").read_bytes().split(b"\0")
+    # The launcher started tritonserver.sh, which exec'd tritonserver: the launcher's one child, the real binary.
+    ((_, _, cmdline),) = child_processes(server.process.pid)
     assert Path(cmdline[0].decode()).name == "tritonserver"
     assert b"--metrics-config=summary_latencies=true" in cmdline
     assert cmdline.index(b"--metrics-config=summary_latencies=true") > cmdline.index(b"--log-verbose=0")
@@ -487,18 +477,31 @@ def test_chart_readiness_command_against_the_image_like_server(image_like_server
     assert run.returncode == 0, run.stderr
 
 
-def test_readiness_fails_when_a_python_stub_dies_while_health_ready_says_200(image_like_server):
-    """Why the chart's readiness probe is a real inference (runs last: it breaks the server)."""
+def test_a_dead_stub_is_reported_and_restarted_while_tritons_ready_says_200(image_like_server):
+    """Triton 2.51 keeps /v2/health/ready at 200 with a dead stub; the launcher's /ready reports it until its
+    watchdog has restarted the stage, and then a real inference (the chart's probe) passes (runs last)."""
     server = image_like_server
-    (tokenizer_stub,) = [pid for pid, cmdline in children(server.process.pid) if b"/tokenizer/1/model.py" in cmdline]
+    ((triton, _, _),) = child_processes(server.process.pid)
+    (tokenizer_stub,) = stub_processes(triton)["tokenizer"]
+    launcher_ready = f"http://127.0.0.1:{server.ports.health}/ready"
     os.kill(tokenizer_stub, signal.SIGKILL)
-    deadline = time.monotonic() + 20
-    while (problem := healthcheck.problem(server.url)) is None and time.monotonic() < deadline:
+    reported, deadline = None, time.monotonic() + 30
+    while reported is None and time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(launcher_ready, timeout=5).close()
+        except urllib.error.HTTPError as exc:
+            reported = json.loads(exc.read())
+            with urllib.request.urlopen(f"{server.url}/v2/health/ready", timeout=5) as response:
+                assert response.status == 200  # Triton's own readiness does not notice
+        time.sleep(0.02)
+    assert reported and any("tokenizer" in problem for problem in reported["problems"]), reported
+    while time.monotonic() < deadline and healthcheck.problem(server.url):
         time.sleep(0.2)
-    assert problem and "HTTP 500" in problem and "tokenizer" in problem
-    with urllib.request.urlopen(f"{server.url}/v2/health/ready", timeout=5) as response:
-        assert response.status == 200  # Triton 2.51 still reports ready
-    assert healthcheck.main(["--url", server.url]) == 1
+    with urllib.request.urlopen(launcher_ready, timeout=5) as response:
+        body = json.loads(response.read())
+    assert body["ready"] and body["stub_restarts"][0]["model"] == "tokenizer"
+    assert healthcheck.main(["--url", server.url]) == 0
+    assert stub_processes(triton)["tokenizer"] != [tokenizer_stub]
 
 
 # ---------------------------------------------------------------------------------------------------------

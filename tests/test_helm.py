@@ -410,13 +410,14 @@ def test_object_store_runs_tritonserver_with_the_launchers_flags(chart):
     assert container["command"] == ["/opt/nvidia/nvidia_entrypoint.sh", "/opt/bert-triton/docker/tritonserver.sh"]
     uri = values["modelRepository"]["objectStore"]["uri"]
     settings = load_settings(ROOT / "model_repository" / "settings.toml")
-    ports = Ports(settings.server.http_port, settings.server.grpc_port, settings.server.metrics_port)
+    # Without the launcher there is no watchdog, hence no admin key and no explicit model control.
     launcher = server_command(
         Path("/opt/tritonserver/bin/tritonserver"),
         Path("/repository"),
         Path("/opt/tritonserver/backends"),
-        ports,
+        Ports.of(settings),
         "0.0.0.0",
+        settings.server.exit_timeout_s,
     )[1:]
     assert launcher[0] == "--model-repository=/repository"
     assert container["args"] == [f"--model-repository={uri}", *launcher[1:]]

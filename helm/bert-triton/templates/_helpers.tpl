@@ -83,6 +83,7 @@ defaults of model_repository/settings.py for keys the file leaves out. Returned 
     "httpPort" (int (default 8000 $server.http_port))
     "grpcPort" (int (default 8001 $server.grpc_port))
     "metricsPort" (int (default 8002 $server.metrics_port))
+    "exitTimeoutS" (int (default 10 $server.exit_timeout_s))
     | toJson }}
 {{- end }}
 

@@ -1,0 +1,298 @@
+"""python -m loadtest.reliability: faults under load, every request counted.
+
+Starts the real launcher (`python -m model_repository.server`: tritonserver, stub watchdog, /ready, drain on
+SIGTERM) on free ports and keeps a closed-loop load on it through client.TextClient (retries with backoff and
+jitter within a deadline), with a share of bad requests (a batch over max_batch_size), through phases:
+
+  steady          nothing happens
+  restart         SIGTERM the launcher (Triton drains), then start a new one on the same ports
+  kill-tokenizer  SIGKILL one tokenizer stub process; the watchdog reloads the stage
+  kill-encoder    the same for the encoder
+
+For each phase: requests sent, succeeded, refused by kind, lost (sent without any answer once the load
+stopped: must be 0) and the longest time without a successful response; for the faults, how long until
+the launcher's /ready said 200 again. Writes reliability.json into --out and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from client.core import ClientError, RetryPolicy, TextClient
+from loadtest.corpus import load_text
+from model_repository.server import Ports
+from model_repository.settings import load_settings
+from model_repository.watchdog import child_processes, stub_processes
+
+PHASES = ("steady", "restart", "kill-tokenizer", "kill-encoder")
+
+
+def error_kind(exc: BaseException) -> str:
+    """A short name for why a request was refused, from the gRPC status in the client's message."""
+    text = str(exc)
+    for status, kind in (
+        ("INVALID_ARGUMENT", "invalid_argument"),
+        ("UNAVAILABLE", "unavailable"),
+        ("DEADLINE_EXCEEDED", "deadline"),
+        ("is not healthy", "dead_stub"),
+        ("NOT_FOUND", "model_not_found"),
+        ("INTERNAL", "internal"),
+    ):
+        if status in text:
+            return kind
+    return "other"
+
+
+class Launcher:
+    """The real launcher as a child process, on given ports."""
+
+    def __init__(self, settings_path: Path, repository: Path, ports: Ports, log_path: Path) -> None:
+        self.settings_path, self.repository, self.ports, self.log_path = settings_path, repository, ports, log_path
+        self.process: subprocess.Popen | None = None
+
+    def start(self, timeout_s: float = 180.0) -> Launcher:
+        command = [sys.executable, "-m", "model_repository.server", "--settings", str(self.settings_path)]
+        command += ["--repository", str(self.repository), "--host", "127.0.0.1"]
+        for name in ("http", "grpc", "metrics", "health"):
+            command += [f"--{name}-port", str(getattr(self.ports, name))]
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        while self.ready()[0] != 200:
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"the launcher did not come up; see {self.log_path}")
+            time.sleep(0.1)
+        return self
+
+    def ready(self) -> tuple[int, dict]:
+        """(HTTP status, body) of the launcher's /ready; (0, {}) while nothing answers."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.ports.health}/ready", timeout=2) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"{}")
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return 0, {}
+
+    @property
+    def triton_pid(self) -> int:
+        (pid,) = [pid for pid, _, argv in child_processes(self.process.pid) if argv[0].endswith(b"tritonserver")]
+        return pid
+
+    def stub_pids(self, model: str) -> list[int]:
+        return stub_processes(self.triton_pid).get(model, [])
+
+    def terminate(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+@dataclass
+class Load:
+    """`users` threads, each a TextClient in a closed loop; every `bad_every`-th request is a batch over the
+    ensemble's max_batch_size (refused with INVALID_ARGUMENT)."""
+
+    url: str
+    users: int
+    max_batch_size: int
+    timeout_s: float = 30.0
+    bad_every: int = 50
+    phase: str = "steady"
+    records: list = field(default_factory=list)  # (phase, kind, finished_at)
+    sent: Counter = field(default_factory=Counter)
+    examples: dict = field(default_factory=dict)  # kind -> the first message seen
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _threads: list = field(default_factory=list)
+
+    def start(self) -> Load:
+        texts = load_text()
+        for user in range(self.users):
+            thread = threading.Thread(target=self._user, args=(user, texts), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def _user(self, user: int, texts: list[str]) -> None:
+        client = TextClient(self.url, "grpc", timeout_s=self.timeout_s, retry=RetryPolicy())
+        count = 0
+        while not self._stop.is_set():
+            count += 1
+            bad = count % self.bad_every == 0
+            batch = texts[: self.max_batch_size + 1] if bad else [texts[(user * 7919 + count) % len(texts)]]
+            phase = self.phase
+            with self._lock:
+                self.sent[phase] += 1
+            try:
+                client.embed(batch)
+                kind = "ok"
+            except ClientError as exc:
+                kind = error_kind(exc)
+                self.examples.setdefault(kind, str(exc)[:300])
+            with self._lock:
+                self.records.append((phase, kind, time.monotonic()))
+        client.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=self.timeout_s + 10)
+
+    def tally(self, phase: str, start: float, end: float) -> dict:
+        with self._lock:
+            records = [r for r in self.records if r[0] == phase]
+            sent = self.sent[phase]
+        kinds = Counter(kind for _, kind, _ in records)
+        successes = sorted([start, *(t for _, kind, t in records if kind == "ok" and t <= end), end])
+        gap = max(b - a for a, b in itertools.pairwise(successes)) if len(successes) > 1 else None
+        return {
+            "sent": sent,
+            "succeeded": kinds.pop("ok", 0),
+            "refused": dict(sorted(kinds.items())),
+            "lost": sent - len(records),
+            "longest_gap_without_success_s": round(gap, 3) if gap is not None else None,
+        }
+
+
+def kill_stub(launcher: Launcher, model: str, timeout_s: float = 120.0) -> dict:
+    """SIGKILL one stub of `model`; wait until /ready went 503 and came back to 200."""
+    before = launcher.stub_pids(model)
+    os.kill(before[0], signal.SIGKILL)
+    killed = time.monotonic()
+    saw_unready, problems = False, []
+    while time.monotonic() - killed < timeout_s:
+        status, body = launcher.ready()
+        if status == 503:
+            saw_unready, problems = True, body.get("problems", problems)
+        elif status == 200 and saw_unready:
+            restarts = [r for r in body.get("stub_restarts", []) if r["model"] == model]
+            return {
+                "model": model,
+                "killed_pid": before[0],
+                "ready_503_seen": True,
+                "problems_reported": problems,
+                "ready_again_s": round(time.monotonic() - killed, 3),
+                "watchdog_reload_s": restarts[-1]["seconds"] if restarts else None,
+                "stubs_after": len(launcher.stub_pids(model)),
+            }
+        time.sleep(0.02)
+    raise RuntimeError(f"{model}: /ready did not go 503 and back to 200 within {timeout_s:.0f} s")
+
+
+def restart(launcher: Launcher, timeout_s: float = 180.0) -> tuple[Launcher, dict]:
+    """SIGTERM the launcher (Triton drains in-flight work), wait for it to exit, start a new one."""
+    started = time.monotonic()
+    launcher.terminate()
+    code = launcher.process.wait(timeout=timeout_s)
+    exited = time.monotonic()
+    fresh = Launcher(launcher.settings_path, launcher.repository, launcher.ports, launcher.log_path).start(timeout_s)
+    return fresh, {
+        "launcher_exit_code": code,
+        "drain_s": round(exited - started, 3),
+        "ready_again_s": round(time.monotonic() - started, 3),
+    }
+
+
+def run(settings_path: Path, repository: Path, out: Path, users: int, phase_s: float) -> dict:
+    settings = load_settings(settings_path)
+    out.mkdir(parents=True, exist_ok=True)
+    ports = Ports.free()
+    launcher = Launcher(settings_path, repository, ports, out / "launcher.log").start()
+    load = Load(f"127.0.0.1:{ports.grpc}", users, settings.ensemble.max_batch_size).start()
+    phases, started = {}, time.monotonic()
+    try:
+        for phase in PHASES:
+            load.phase, start = phase, time.monotonic()
+            event: dict = {}
+            time.sleep(phase_s / 2)
+            if phase.startswith("kill-"):
+                event = kill_stub(launcher, phase.removeprefix("kill-"))
+            elif phase == "restart":
+                launcher, event = restart(launcher)
+            time.sleep(phase_s / 2)
+            phases[phase] = {"event": event, "start": start, "end": time.monotonic()}
+    finally:
+        load.stop()
+        launcher.terminate()
+        try:
+            launcher.process.wait(timeout=settings.server.exit_timeout_s + 20)
+        except subprocess.TimeoutExpired:
+            launcher.kill()
+    for name, phase in phases.items():
+        start, end = phase.pop("start"), phase.pop("end")
+        phase.update(seconds=round(end - start, 2), **load.tally(name, start, end))
+    total = {key: sum(p[key] for p in phases.values()) for key in ("sent", "succeeded", "lost")}
+    total["refused"] = dict(sum((Counter(p["refused"]) for p in phases.values()), Counter()))
+    return {
+        "benchmark": "reliability",
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "machine": {"cpu_cores": os.cpu_count(), "platform": platform.platform()},
+        "command": "python -m loadtest.reliability " + " ".join(sys.argv[1:]),
+        "settings": str(settings_path),
+        "users": users,
+        "bad_request_share": f"1 in {load.bad_every} (a batch of max_batch_size + 1 texts)",
+        "wall_s": round(time.monotonic() - started, 1),
+        "phases": phases,
+        "total": total,
+        "refusal_examples": load.examples,
+    }
+
+
+def print_table(result: dict) -> None:
+    print(f"{'phase':15s} {'sent':>7s} {'ok':>7s} {'refused (kind: count)':34s} {'lost':>5s} {'gap s':>6s} recovery")
+    for name, phase in result["phases"].items():
+        refused = ", ".join(f"{k}: {v}" for k, v in phase["refused"].items()) or "-"
+        event = phase["event"]
+        recovery = ""
+        if "watchdog_reload_s" in event:
+            recovery = f"/ready 200 again after {event['ready_again_s']:.2f} s (reload {event['watchdog_reload_s']} s)"
+        elif "drain_s" in event:
+            recovery = f"drained in {event['drain_s']:.2f} s, new server ready after {event['ready_again_s']:.2f} s"
+        gap = phase["longest_gap_without_success_s"]
+        print(
+            f"{name:15s} {phase['sent']:7d} {phase['succeeded']:7d} {refused:34s} {phase['lost']:5d} "
+            f"{gap if gap is not None else '-':>6} {recovery}"
+        )
+    total = result["total"]
+    print(
+        f"total: {total['sent']} sent, {total['succeeded']} succeeded, refused {total['refused']}, {total['lost']} lost"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.reliability", description=__doc__)
+    parser.add_argument("--settings", type=Path, default=Path("model_repository/settings.toml"))
+    parser.add_argument("--repository", type=Path, help="generated model repository (default: from the settings)")
+    parser.add_argument("--users", type=int, default=8)
+    parser.add_argument("--phase-seconds", type=float, default=10.0)
+    parser.add_argument("--out", type=Path, default=Path("build/reliability"))
+    args = parser.parse_args(argv)
+    repository = args.repository or load_settings(args.settings).repository_dir
+    result = run(args.settings, repository, args.out, args.users, args.phase_seconds)
+    (args.out / "reliability.json").write_text(json.dumps(result, indent=2) + "\n")
+    print_table(result)
+    return 0 if result["total"]["lost"] == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
