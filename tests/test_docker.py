@@ -422,7 +422,15 @@ def image_like_server(settings, repository, tmp_path_factory):
     process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=work)
     url = f"http://127.0.0.1:{ports.http}"
     deadline = time.monotonic() + 120
-    while healthcheck.problem(url, timeout_s=2):
+
+    def launcher_ready() -> bool:  # the launcher answers /ready once Triton is ready and its watchdog runs
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{ports.health}/ready", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    while healthcheck.problem(url, timeout_s=2) or not launcher_ready():
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
             pytest.fail(f"the image-like server did not come up:\n{(work / 'server.log').read_text()[-3000:]}")
