@@ -101,6 +101,7 @@ def tokenizer_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
                 "max_tokens": settings.model.max_tokens,
                 "pad_token_id": spec.pad_token_id,
                 "max_text_bytes": stage.max_text_bytes,
+                "max_request_bytes": stage.max_request_bytes,
                 # A TensorRT encoder batches only equal shapes: pad each request up to a profile's bucket.
                 "pad_to_buckets": ",".join(map(str, settings.tensorrt.sequence_buckets))
                 if settings.engine.kind == "tensorrt"

@@ -65,6 +65,7 @@ class StageSettings:
 @dataclasses.dataclass(frozen=True)
 class TokenizerSettings(StageSettings):
     max_text_bytes: int = 1 << 20  # a longer text (UTF-8) is refused before it is decoded or tokenized
+    max_request_bytes: int = 8 << 20  # the same for all texts of one request together
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,8 +175,12 @@ def _check(settings: Settings) -> None:
             raise SettingsError(f"[{name}] preferred_batch_sizes must lie in 1..max_batch_size")
     if settings.tokenizer.gpus or settings.postprocess.gpus:
         raise SettingsError("only the encoder runs on GPUs")
-    if type(settings.tokenizer.max_text_bytes) is not int or settings.tokenizer.max_text_bytes < 1:
-        raise SettingsError("tokenizer.max_text_bytes must be a positive integer")
+    for key in ("max_text_bytes", "max_request_bytes"):
+        value = getattr(settings.tokenizer, key)
+        if type(value) is not int or value < 1:
+            raise SettingsError(f"tokenizer.{key} must be a positive integer")
+    if settings.tokenizer.max_request_bytes < settings.tokenizer.max_text_bytes:
+        raise SettingsError("tokenizer.max_request_bytes must be at least tokenizer.max_text_bytes")
     if engine.kind in ("torch_gpu", "tensorrt") and not settings.encoder.gpus:
         raise SettingsError(f"engine.kind {engine.kind} needs encoder.gpus, e.g. [0]")
     buckets = settings.tensorrt.sequence_buckets

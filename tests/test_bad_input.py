@@ -85,12 +85,12 @@ def over_limit_texts(limit: int) -> dict[str, bytes]:
         "one-byte-over": b"x" * (limit + 1),
         # Fewer characters than the limit, more bytes: the limit is on bytes.
         "multi-byte": ("東" * (limit // 3 + 1)).encode(),
-        # 8 MB without spaces: seconds of tokenizing (no prefix to cut), were it not refused unread.
-        "eight-times": ("東京" * (8 * limit // 6)).encode(),
+        # 4 MB without spaces: seconds of tokenizing (no prefix to cut), were it not refused unread.
+        "four-times": ("東京" * (4 * limit // 6)).encode(),
     }
 
 
-@pytest.mark.parametrize("case", ["one-byte-over", "multi-byte", "eight-times"])
+@pytest.mark.parametrize("case", ["one-byte-over", "multi-byte", "four-times"])
 def test_text_over_max_text_bytes_is_refused_at_once(server, good_after, settings, case):
     limit = settings.tokenizer.max_text_bytes
     text = over_limit_texts(limit)[case]
@@ -102,6 +102,23 @@ def test_text_over_max_text_bytes_is_refused_at_once(server, good_after, setting
     assert failure.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert f"text[1] is {len(text)} bytes, over the limit of {limit} (tokenizer.max_text_bytes)" in str(failure.value)
     assert elapsed < 1.5, f"refusing took {elapsed:.2f} s"
+
+
+def test_request_over_max_request_bytes_is_refused_at_once(server, good_after, settings):
+    """Texts each under max_text_bytes, over max_request_bytes together: refused before any is tokenized."""
+    each = settings.tokenizer.max_text_bytes
+    count = settings.tokenizer.max_request_bytes // each + 1
+    texts = [b"word " * (each // 5)] * count
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    start = time.perf_counter()
+    with pytest.raises(InferenceServerException) as failure:
+        client.infer("ensemble", [text_tensor(texts)])
+    elapsed = time.perf_counter() - start
+    assert failure.value.status() == "StatusCode.INVALID_ARGUMENT"
+    total = sum(map(len, texts))
+    limit = settings.tokenizer.max_request_bytes
+    assert f"the request's {count} texts are {total} bytes together, over the limit of {limit}" in str(failure.value)
+    assert elapsed < 3, f"refusing took {elapsed:.2f} s"
 
 
 def test_text_over_max_text_bytes_fails_only_its_own_request(server, good_after, settings):

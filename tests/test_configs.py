@@ -50,6 +50,7 @@ def check_repository(root: Path, settings, spec: ServingSpec) -> None:
     check_stage(tokenizer, settings.tokenizer)
     assert tokenizer.parameters["max_tokens"].string_value == str(settings.model.max_tokens)
     assert tokenizer.parameters["max_text_bytes"].string_value == str(settings.tokenizer.max_text_bytes)
+    assert tokenizer.parameters["max_request_bytes"].string_value == str(settings.tokenizer.max_request_bytes)
     assert [(i.name, i.data_type) for i in tokenizer.input] == [("text", mc.TYPE_STRING)]
     assert tokenizer.model_warmup, "the tokenizer warms up"
 
@@ -121,6 +122,7 @@ def test_other_settings_are_followed(exported, tmp_path):
         ("instances = 1", "instances = 0", "instances"),
         ("max_text_bytes = 1048576", "max_text_bytes = 0", "max_text_bytes"),
         ("max_text_bytes = 1048576", "max_text_bytes = 1.0e6", "max_text_bytes"),
+        ("max_request_bytes = 8388608", "max_request_bytes = 1000", "at least tokenizer.max_text_bytes"),
         ("[encoder]", "[encoder]\nmax_text_bytes = 1", "unknown keys"),
         ("[server]", "[server]\ncolour = 1", "unknown keys"),
         ('kind = "onnxruntime_cpu"', 'kind = "torch_gpu"', "encoder.gpus"),

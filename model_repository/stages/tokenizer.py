@@ -35,6 +35,7 @@ class TritonPythonModel:
         self.tokenizer = load_tokenizer(version_dir / "tokenizer.json", int(params["max_tokens"]))
         self.pad_id = int(params["pad_token_id"])
         self.max_text_bytes = int(params["max_text_bytes"])
+        self.max_request_bytes = int(params["max_request_bytes"])
         self.buckets = [int(b) for b in params.get("pad_to_buckets", "").split(",") if b]
         self._create_metrics(args, int(config["max_batch_size"]))
 
@@ -112,10 +113,16 @@ class TritonPythonModel:
         raw = pb_utils.get_input_tensor_by_name(request, "text").as_numpy().reshape(-1)
         if raw.size == 0:
             raise ValueError("text: the batch holds no texts")
+        sizes = [len(item) if isinstance(item, bytes) else len(str(item).encode()) for item in raw]
+        if sum(sizes) > self.max_request_bytes:
+            raise ValueError(
+                f"the request's {len(sizes)} texts are {sum(sizes)} bytes together, over the limit of "
+                f"{self.max_request_bytes} (tokenizer.max_request_bytes)"
+            )
         texts, limit = [], self.max_text_bytes
         for index, item in enumerate(raw):
             # Before any decoding: bounds what one text costs, also where the prefix fast path cannot help.
-            size = len(item) if isinstance(item, bytes) else len(str(item).encode())
+            size = sizes[index]
             if size > limit:
                 raise ValueError(f"text[{index}] is {size} bytes, over the limit of {limit} (tokenizer.max_text_bytes)")
             if isinstance(item, bytes):
