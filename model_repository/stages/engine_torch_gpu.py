@@ -67,6 +67,16 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 if HAVE_TRITON:
 
     @triton.jit
+    def _layer_norm_rows(x, G, B, cols, mask, cmask, eps, HIDDEN: tl.constexpr):
+        """LayerNorm of each row of the fp32 block x (masked columns ignored), with gain G and bias B."""
+        mean = tl.sum(x, axis=1) / HIDDEN
+        xc = tl.where(mask, x - mean[:, None], 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / HIDDEN + eps)
+        g = tl.load(G + cols, mask=cmask, other=0.0)
+        b = tl.load(B + cols, mask=cmask, other=0.0)
+        return xc * rstd[:, None] * g[None, :] + b[None, :]
+
+    @triton.jit
     def _embed_ln_kernel(
         IDS, POS, WORD, POSW, TYPE0, G, B, OUT, n_rows, eps,
         HIDDEN: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
@@ -81,12 +91,7 @@ if HAVE_TRITON:
         x = tl.load(WORD + ids[:, None] * HIDDEN + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         x += tl.load(POSW + pos[:, None] * HIDDEN + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         x += tl.load(TYPE0 + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-        mean = tl.sum(x, axis=1) / HIDDEN
-        xc = tl.where(mask, x - mean[:, None], 0.0)
-        rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / HIDDEN + eps)
-        g = tl.load(G + cols, mask=cmask, other=0.0)
-        b = tl.load(B + cols, mask=cmask, other=0.0)
-        y = xc * rstd[:, None] * g[None, :] + b[None, :]
+        y = _layer_norm_rows(x, G, B, cols, mask, cmask, eps, HIDDEN)
         out_rows = rows.to(tl.int64)[:, None] * HIDDEN
         tl.store(OUT + out_rows + cols[None, :], y.to(OUT.dtype.element_ty), mask=mask)
 
@@ -108,12 +113,7 @@ if HAVE_TRITON:
             x += tl.load(R + offs, mask=mask, other=0.0).to(tl.float32)
         if HAS_BIAS:
             x += tl.load(BIAS + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-        mean = tl.sum(x, axis=1) / HIDDEN
-        xc = tl.where(mask, x - mean[:, None], 0.0)
-        rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / HIDDEN + eps)
-        g = tl.load(G + cols, mask=cmask, other=0.0)
-        b = tl.load(B + cols, mask=cmask, other=0.0)
-        y = xc * rstd[:, None] * g[None, :] + b[None, :]
+        y = _layer_norm_rows(x, G, B, cols, mask, cmask, eps, HIDDEN)
         tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
 
     @triton.jit
