@@ -230,6 +230,13 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
+def between_steps(steps: list[str], counts: dict[str, tuple[int, int]]) -> int:
+    """Requests an ensemble step passed on that the next step has not finished (queued or running there),
+    from (succeeded, failed) counts per model."""
+    zero = (0, 0)
+    return sum(counts.get(a, zero)[0] - sum(counts.get(b, zero)) for a, b in itertools.pairwise(steps))
+
+
 class TritonServer:
     """A tritonserver child process; `with TritonServer(...) as server:` waits until the ensemble is ready.
 
@@ -346,34 +353,35 @@ class TritonServer:
         if self.watchdog:
             self.watchdog.stop()
         deadline = time.monotonic() + self.settings.server.exit_timeout_s
+        config = self._get_json("/v2/models/ensemble/config") or {}
+        steps = [step["model_name"] for step in config.get("ensemble_scheduling", {}).get("step", [])]
         last, quiet_since = None, time.monotonic()
         while time.monotonic() < deadline and self.process and self.process.poll() is None:
             counts = self._stage_counts()
             if counts != last or counts is None:
                 last, quiet_since = counts, time.monotonic()
-            elif time.monotonic() - quiet_since >= quiet_s and not self._between_stages(counts):
+            elif time.monotonic() - quiet_since >= quiet_s and not between_steps(steps, counts):
                 break
             time.sleep(0.1)
         if self.process and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
 
+    def _get_json(self, path: str) -> dict | None:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}{path}", timeout=2) as response:
+                return json.loads(response.read())
+        except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
+            return None
+
     def _stage_counts(self) -> dict[str, tuple[int, int]] | None:
         """(succeeded, failed) requests per model, from Triton's statistics API."""
-        try:
-            with urllib.request.urlopen(f"http://{self.http_url}/v2/models/stats", timeout=2) as response:
-                stats = json.loads(response.read())
-        except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
+        stats = self._get_json("/v2/models/stats")
+        if stats is None:
             return None
         return {
             model["name"]: (model["inference_stats"]["success"]["count"], model["inference_stats"]["fail"]["count"])
             for model in stats["model_stats"]
         }
-
-    def _between_stages(self, counts: dict[str, tuple[int, int]]) -> int:
-        """Requests a stage passed on that the next stage has not finished (queued or running there)."""
-        stages = ["tokenizer", "encoder"] + (["postprocess"] if self.settings.model.task == "classification" else [])
-        zero = (0, 0)
-        return sum(counts.get(a, zero)[0] - sum(counts.get(b, zero)) for a, b in itertools.pairwise(stages))
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
