@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from engine import load_engine
-from stage_metrics import NO_METRIC, instance_labels, power_of_two_buckets
+from stage_metrics import StageMetrics, power_of_two_buckets
 
 
 class TritonPythonModel:
@@ -36,42 +36,33 @@ class TritonPythonModel:
         self._create_metrics(args, int(config["max_batch_size"]))
 
     def _create_metrics(self, args: dict, max_batch_size: int) -> None:
-        # Each update is one message to the Triton process, so execute() records per call, never per request.
-        labels = instance_labels(args)
-        counter = pb_utils.MetricFamily.COUNTER
-        try:
-            sequences = pb_utils.MetricFamily(
-                name="bert_encoder_sequences_per_execute",
-                description="Sequences per execute() call (the engine's batch size)",
-                kind=pb_utils.MetricFamily.HISTOGRAM,
-            )
-            real = pb_utils.MetricFamily(
-                name="bert_encoder_real_tokens_total", description="Tokens of the encoded sequences", kind=counter
-            )
-            padded = pb_utils.MetricFamily(
-                name="bert_encoder_padded_tokens_total",
-                description="Tokens the engine computed, its padding included",
-                kind=counter,
-            )
-            self._metric_families = [sequences, real, padded]
-            self._sequences_metric = sequences.Metric(labels=labels, buckets=power_of_two_buckets(max_batch_size))
-            self._real_metric = real.Metric(labels=labels)
-            self._padded_metric = padded.Metric(labels=labels)
-        except Exception as exc:  # metrics are an aid: they never keep the model from loading
-            self._disable_metrics(exc)
-
-    def _disable_metrics(self, reason: Exception) -> None:
-        pb_utils.Logger.log_warn(f"encoder: custom metrics off ({reason})")
-        self._sequences_metric = self._real_metric = self._padded_metric = NO_METRIC
-        self._metric_families = []
+        self._metrics = StageMetrics(
+            pb_utils,
+            "encoder",
+            args,
+            {
+                "bert_encoder_sequences_per_execute": (
+                    "Sequences per execute() call (the engine's batch size)",
+                    "histogram",
+                    power_of_two_buckets(max_batch_size),
+                ),
+                "bert_encoder_real_tokens_total": ("Tokens of the encoded sequences", "counter", None),
+                "bert_encoder_padded_tokens_total": (
+                    "Tokens the engine computed, its padding included",
+                    "counter",
+                    None,
+                ),
+            },
+        )
 
     def _record(self, sequences: int, real_tokens: int) -> None:
-        try:
-            self._sequences_metric.observe(sequences)
-            self._real_metric.increment(real_tokens)
-            self._padded_metric.increment(self.engine.computed_tokens)
-        except Exception as exc:  # never fail requests over a metric
-            self._disable_metrics(exc)
+        self._metrics.update(
+            {
+                "bert_encoder_sequences_per_execute": sequences,
+                "bert_encoder_real_tokens_total": real_tokens,
+                "bert_encoder_padded_tokens_total": self.engine.computed_tokens,
+            }
+        )
 
     def execute(self, requests: list) -> list:
         sequences: list[np.ndarray] = []
@@ -95,6 +86,4 @@ class TritonPythonModel:
         return responses
 
     def finalize(self) -> None:
-        # A MetricFamily must outlive its Metrics: drop the metrics first.
-        self._sequences_metric = self._real_metric = self._padded_metric = None
-        self._metric_families = []
+        self._metrics.close()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 from padding import pad_sequences
-from stage_metrics import NO_METRIC, instance_labels, power_of_two_buckets
+from stage_metrics import StageMetrics, power_of_two_buckets
 from tokenization import encode_truncated, load_tokenizer
 
 
@@ -40,45 +40,31 @@ class TritonPythonModel:
         self._create_metrics(args, int(config["max_batch_size"]))
 
     def _create_metrics(self, args: dict, max_batch_size: int) -> None:
-        # Each update is one message to the Triton process, so execute() records per call, never per request.
-        labels = instance_labels(args)
-        counter, histogram = pb_utils.MetricFamily.COUNTER, pb_utils.MetricFamily.HISTOGRAM
-        try:
-            self._metric_families = [
-                pb_utils.MetricFamily(
-                    name="bert_tokenizer_requests_total", description="Requests tokenized", kind=counter
+        self._metrics = StageMetrics(
+            pb_utils,
+            "tokenizer",
+            args,
+            {
+                "bert_tokenizer_requests_total": ("Requests tokenized", "counter", None),
+                "bert_tokenizer_tokens_total": (
+                    "Tokens produced after truncation, special tokens included",
+                    "counter",
+                    None,
                 ),
-                pb_utils.MetricFamily(
-                    name="bert_tokenizer_tokens_total",
-                    description="Tokens produced after truncation, special tokens included",
-                    kind=counter,
+                "bert_tokenizer_texts_per_execute": (
+                    "Texts encoded per execute() call",
+                    "histogram",
+                    power_of_two_buckets(max_batch_size),
                 ),
-                pb_utils.MetricFamily(
-                    name="bert_tokenizer_texts_per_execute",
-                    description="Texts encoded per execute() call",
-                    kind=histogram,
-                ),
-            ]
-            requests, tokens, texts = self._metric_families
-            self._requests_metric = requests.Metric(labels=labels)
-            self._tokens_metric = tokens.Metric(labels=labels)
-            self._texts_metric = texts.Metric(labels=labels, buckets=power_of_two_buckets(max_batch_size))
-        except Exception as exc:  # metrics are an aid: they never keep the model from loading
-            self._disable_metrics(exc)
-
-    def _disable_metrics(self, reason: Exception) -> None:
-        pb_utils.Logger.log_warn(f"tokenizer: custom metrics off ({reason})")
-        self._requests_metric = self._tokens_metric = self._texts_metric = NO_METRIC
-        self._metric_families = []
+            },
+        )
 
     def _record(self, requests: int, encodings: list) -> None:
-        try:
-            self._requests_metric.increment(requests)
-            if encodings:
-                self._tokens_metric.increment(sum(map(len, encodings)))
-                self._texts_metric.observe(len(encodings))
-        except Exception as exc:  # never fail requests over a metric
-            self._disable_metrics(exc)
+        values = {"bert_tokenizer_requests_total": requests}
+        if encodings:
+            values["bert_tokenizer_tokens_total"] = sum(map(len, encodings))
+            values["bert_tokenizer_texts_per_execute"] = len(encodings)
+        self._metrics.update(values)
 
     def execute(self, requests: list) -> list:
         texts: list[str] = []
@@ -105,9 +91,7 @@ class TritonPythonModel:
         return responses
 
     def finalize(self) -> None:
-        # A MetricFamily must outlive its Metrics: drop the metrics first.
-        self._requests_metric = self._tokens_metric = self._texts_metric = None
-        self._metric_families = []
+        self._metrics.close()
 
     def _texts(self, request) -> list[str]:
         raw = pb_utils.get_input_tensor_by_name(request, "text").as_numpy().reshape(-1)
