@@ -37,7 +37,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "model_repository" / "stages"))
 
-from engine import ServingSpec, load_engine  # noqa: E402
+from engine import ServingSpec, load_engine, pack_sequences  # noqa: E402
 
 BATCH_SIZES = (1, 8, 32, 128, 512, 1024)
 SIGMA = 0.5
@@ -241,12 +241,12 @@ def diagnose(model_dir, device, base_opts, batch, reps: int = 10) -> dict:
     acc: dict[str, float] = {}
     for rep in range(reps + 2):
         t0 = time.perf_counter()
-        lens = np.fromiter((len(s) for s in batch), dtype=np.int64, count=n)
+        packed, lens = pack_sequences(batch)
         tokens, max_len = int(lens.sum()), int(lens.max())
         size = eng._layout_size(tokens, n)
         if size > eng._host_in.numel():
             eng._host_in = torch.empty(size, dtype=torch.int32, pin_memory=True)
-        eng._pack(eng._host_in.numpy()[:size], batch, lens, tokens, n)
+        eng._pack(eng._host_in.numpy()[:size], packed, lens, tokens, n)
         t1 = time.perf_counter()
         with torch.inference_mode(), torch.cuda.stream(eng.stream):
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -370,6 +370,9 @@ def main() -> int:
     ap.add_argument("--diagnose", action="store_true", help="host/GPU time split of one largest-batch call")
     ap.add_argument("--budget-s", type=float, default=240.0, help="skip remaining variants past this many seconds")
     ap.add_argument("--option", action="append", default=[], help="engine option key=value (repeatable)")
+    ap.add_argument(
+        "--idle-gaps-ms", default="", help="batch-1 latency with the host idle this long between calls (e.g. 0,2)"
+    )
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("engine_bench needs a CUDA device", file=sys.stderr)
@@ -440,16 +443,27 @@ def main() -> int:
             f"engine bs={bs}: {r['seq_per_s']:.0f} seq/s, p50 {r['p50_ms']:.3f}, p99 {r['p99_ms']:.3f} ms", flush=True
         )
         save()
+    for gap_ms in (float(g) for g in args.idle_gaps_ms.split(",") if g):
+        # What a lone request sees: the host (and GPU) idle between calls, as at concurrency 1 in a server.
+        lat = []
+        for b in batch_sets.get(1) or batches_for(1, seed=0):
+            time.sleep(gap_ms / 1e3)
+            t0 = time.perf_counter()
+            engine.forward(b)
+            lat.append((time.perf_counter() - t0) * 1e3)
+        results.setdefault("idle_gap_batch1", {})[str(gap_ms)] = {
+            "calls": len(lat), "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99))
+        }  # fmt: skip
+        print(f"engine bs=1 after {gap_ms} ms idle: p50 {np.percentile(lat, 50):.3f} ms", flush=True)
     results["engine_memory"] = memory_peak(device)
     results["engine_graphs"] = len(engine._graphs)
     # Host-side packing alone (numpy into the pinned buffer) at the largest batch.
-    big = batch_sets[max(batch_sizes)][0]
-    blens = np.array([len(s) for s in big])
-    size = engine._layout_size(engine._token_bucket(int(blens.sum())), len(big))
+    big, blens = pack_sequences(batch_sets[max(batch_sizes)][0])
+    size = engine._layout_size(engine._token_bucket(int(blens.sum())), len(blens))
     buf = np.empty(size, dtype=np.int32)
     t0 = time.perf_counter()
     for _ in range(20):
-        engine._pack(buf, big, blens, engine._token_bucket(int(blens.sum())), len(big))
+        engine._pack(buf, big, blens, engine._token_bucket(int(blens.sum())), len(blens))
     results["host_pack_ms_largest_batch"] = (time.perf_counter() - t0) / 20 * 1e3
     save()
 

@@ -20,7 +20,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "model_repository" / "stages"))
 
-from engine import ServingSpec, load_engine  # noqa: E402
+from engine import ServingSpec, load_engine, pack_sequences  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -175,7 +175,7 @@ def test_engine_imports_no_transformers():
             imported |= {alias.name.split(".")[0] for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
             imported.add(node.module.split(".")[0])
-    allowed = {"__future__", "json", "logging", "math", "os", "pathlib", "numpy", "torch", "safetensors"}
+    allowed = {"__future__", "json", "logging", "math", "os", "pathlib", "time", "numpy", "torch", "safetensors"}
     allowed |= {"engine", "triton"}
     assert imported <= allowed, f"unexpected imports: {sorted(imported - allowed)}"
 
@@ -261,11 +261,11 @@ def test_bucket_padding_leaves_rows_unchanged(tmp_path):
     rng = np.random.default_rng(3)
     seqs = [rng.integers(1, 1000, size=int(n), dtype=np.int32) for n in (1, 5, 64, 65, 130, 17, 200)]
     expected = engine.forward(seqs)
-    lens = np.array([len(s) for s in seqs])
-    tokens = int(lens.sum())
+    packed, lens = pack_sequences(seqs)
+    tokens = len(packed)
     for t_b, n_b in ((tokens + 37, 8), (engine._token_bucket(tokens), 16)):
         buf = np.empty(engine._layout_size(t_b, n_b), dtype=np.int32)
-        engine._pack(buf, seqs, lens, t_b, n_b)
+        engine._pack(buf, packed, lens, t_b, n_b)
         ids, cu, tiles = engine._views(torch.from_numpy(buf), t_b, n_b)
         with torch.inference_mode():
             out = engine._encode(ids, cu, tiles, n_b, 256).numpy()

@@ -1,9 +1,10 @@
-"""Triton Python model `encoder`: token ids + mask -> one pooled embedding (or logits) row per text.
+"""Triton Python model `encoder` (two-stage topology): token ids + mask -> one pooled embedding (or logits)
+row per text.
 
-Requests of different lengths arrive in one execute() call (allow_ragged_batch); each row is cut back to
-its own length and the engine gets the unpadded sequences of the whole dynamic batch at once.
+Requests of different lengths arrive in one execute() call (allow_ragged_batch); each request's padding is
+dropped using its mask and the engine gets the packed ids of the whole dynamic batch at once.
 
-Custom metrics on Triton's metrics port (labels model, version, model_instance), at most three updates per execute():
+Custom metrics on Triton's metrics port (labels model, version, model_instance; sent about once a second):
   bert_encoder_sequences_per_execute  histogram of sequences per execute() call: the engine's batch size
   bert_encoder_real_tokens_total      tokens of the sequences themselves
   bert_encoder_padded_tokens_total    tokens the engine computed, its own padding included (Engine.computed_tokens:
@@ -13,50 +14,30 @@ Custom metrics on Triton's metrics port (labels model, version, model_instance),
 
 from __future__ import annotations
 
+import gc
 import json
-from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from engine import load_engine
-from stage_metrics import StageMetrics, power_of_two_buckets
+from engine import engine_from_args
+from padding import unpad
+from stage_metrics import StageMetrics, encoder_metrics
 
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         config = json.loads(args["model_config"])
         params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
-        device = "cpu"
-        if args["model_instance_kind"] == "GPU":
-            device = f"cuda:{args['model_instance_device_id']}"
-        version_dir = Path(args["model_repository"]) / args["model_version"]
-        options = {key: value for key, value in params.items() if key != "engine_kind"}
-        self.engine = load_engine(params["engine_kind"], version_dir, device, options)
+        self.engine = engine_from_args(args, params)
         self.output_name = self.engine.spec.output_name
         self._create_metrics(args, int(config["max_batch_size"]))
+        gc.freeze()  # what loading made lives on: later collections need not scan it
 
     def _create_metrics(self, args: dict, max_batch_size: int) -> None:
-        self._metrics = StageMetrics(
-            pb_utils,
-            "encoder",
-            args,
-            {
-                "bert_encoder_sequences_per_execute": (
-                    "Sequences per execute() call (the engine's batch size)",
-                    "histogram",
-                    power_of_two_buckets(max_batch_size),
-                ),
-                "bert_encoder_real_tokens_total": ("Tokens of the encoded sequences", "counter", None),
-                "bert_encoder_padded_tokens_total": (
-                    "Tokens the engine computed, its padding included",
-                    "counter",
-                    None,
-                ),
-            },
-        )
+        self._metrics = StageMetrics(pb_utils, "encoder", args, encoder_metrics(max_batch_size))
 
     def _record(self, sequences: int, real_tokens: int) -> None:
-        self._metrics.update(
+        self._metrics.add(
             {
                 "bert_encoder_sequences_per_execute": sequences,
                 "bert_encoder_real_tokens_total": real_tokens,
@@ -65,24 +46,23 @@ class TritonPythonModel:
         )
 
     def execute(self, requests: list) -> list:
-        sequences: list[np.ndarray] = []
-        counts: list[int] = []
-        real_tokens = 0
-        for request in requests:
-            ids = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy()
-            mask = pb_utils.get_input_tensor_by_name(request, "attention_mask").as_numpy()
-            lengths = mask.sum(axis=1)
-            sequences.extend(ids[row, :length] for row, length in enumerate(lengths))
-            counts.append(len(ids))
-            real_tokens += int(lengths.sum())
-        outputs = self.engine.forward(sequences)
-        self._record(len(sequences), real_tokens)
+        packed = [
+            unpad(
+                pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy(),
+                pb_utils.get_input_tensor_by_name(request, "attention_mask").as_numpy(),
+            )
+            for request in requests
+        ]
+        ids = np.concatenate([part[0] for part in packed])
+        lengths = np.concatenate([part[1] for part in packed])
+        outputs = self.engine.forward_packed(ids, lengths)
+        self._record(len(lengths), len(ids))
         responses = []
         start = 0
-        for count in counts:
-            rows = outputs[start : start + count]
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(self.output_name, rows)]))
-            start += count
+        for _, request_lengths in packed:
+            stop = start + len(request_lengths)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(self.output_name, outputs[start:stop])]))
+            start = stop
         return responses
 
     def finalize(self) -> None:

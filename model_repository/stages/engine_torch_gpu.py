@@ -28,6 +28,10 @@ Options (the `options` dict; values may be strings as they come from a config fi
                    their exact shapes: launch overhead is hidden there and bucket padding is not)
   buckets_per_octave  token buckets per power of two (default 16: at most 6.25 % padding)
   max_graphs       graphs kept before new shapes run eagerly (default 256)
+  spin_us          how long forward() polls for the GPU to finish before it sleeps on an event (default 1000;
+                   -1: poll to the end, CUDA's own default for a process with one context). Polling answers a
+                   short batch without a wake-up; sleeping frees the core during a long wait (many instances
+                   sharing one GPU wait for each other) for the other instances and tritonserver
   attn_block_m, attn_block_n, attn_warps, attn_stages   Triton attention kernel launch (default 64, 64, 4, 2)
   threads          CPU intra-op threads (CPU path only)
 """
@@ -38,12 +42,13 @@ import json
 import logging
 import math
 import os
+import time
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from engine import Engine, ServingSpec
+from engine import Engine, ServingSpec, pack_sequences
 
 try:  # OpenAI Triton: optional. Without it (or if its kernels fail the start-up check) torch ops are used.
     import triton
@@ -322,6 +327,8 @@ class TorchGpuEngine(Engine):
 
         if self.is_cuda:
             self.stream = torch.cuda.Stream(self.torch_device)
+            self.spin_s = int(opt.get("spin_us", 1000)) / 1e6
+            self._done = torch.cuda.Event(blocking=True)
             self._pool = torch.cuda.graph_pool_handle()
             cap = self._layout_size(self.max_graph_tokens, self.max_batch)
             self._dev_in = torch.zeros(cap, dtype=torch.int32, device=self.torch_device)
@@ -564,16 +571,12 @@ class TorchGpuEngine(Engine):
         granule = 1 << shift
         return -(-tokens // granule) * granule
 
-    def _pack(self, buf: np.ndarray, sequences, lens: np.ndarray, tokens: int, seqs: int) -> None:
-        """Writes one batch into buf (layout of _layout_size(len(ids), len(cu) - 1))."""
-        n = len(sequences)
-        ids = buf[:tokens]
-        total = int(lens.sum())
-        if n == 1:
-            ids[:total] = sequences[0]
-        else:
-            np.concatenate(sequences, out=ids[:total], casting="unsafe")
-        ids[total:] = 0
+    def _pack(self, buf: np.ndarray, ids: np.ndarray, lens: np.ndarray, tokens: int, seqs: int) -> None:
+        """Writes one packed batch into buf (layout of _layout_size(tokens, seqs)): ids, then the bucket's tail."""
+        n = len(lens)
+        total = len(ids)
+        buf[:total] = ids
+        buf[total:tokens] = 0
         cu = buf[tokens : tokens + seqs + 1]
         cu[0] = 0
         cu[1 : n + 1] = np.cumsum(lens)
@@ -606,33 +609,32 @@ class TorchGpuEngine(Engine):
             return 0
         return 128 if max_len <= 128 else min(_next_pow2(max_len), max(self.max_positions, max_len))
 
-    def forward(self, sequences: list[np.ndarray]) -> np.ndarray:
-        n = len(sequences)
+    def forward_packed(self, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        n = len(lengths)
         if n == 0:
             return np.zeros((0, self.output_size), dtype=np.float32)
-        lens = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=n)
-        max_len = int(lens.max())
+        max_len = int(lengths.max())
         if max_len > self.max_positions:
             raise ValueError(f"a sequence has {max_len} tokens; the model takes at most {self.max_positions}")
-        tokens = int(lens.sum())
+        tokens = len(ids)
         self.computed_tokens = tokens
         if not self.is_cuda:
-            return self._forward_cpu(sequences, lens, tokens)
-        return self._forward_cuda(sequences, lens, tokens, max_len)
+            return self._forward_cpu(ids, lengths, tokens)
+        return self._forward_cuda(ids, lengths, tokens, max_len)
 
     @torch.inference_mode()
-    def _forward_cpu(self, sequences, lens, tokens) -> np.ndarray:
-        n = len(sequences)
+    def _forward_cpu(self, ids, lens, tokens) -> np.ndarray:
+        n = len(lens)
         buf = np.empty(self._layout_size(tokens, n), dtype=np.int32)
-        self._pack(buf, sequences, lens, tokens, n)
+        self._pack(buf, ids, lens, tokens, n)
         dev = torch.from_numpy(buf)
         ids, cu, tiles = self._views(dev, tokens, n)
         out = self._encode(ids, cu, tiles, n, int(lens.max()))
         return out.numpy().astype(np.float32, copy=True)
 
     @torch.inference_mode()
-    def _forward_cuda(self, sequences, lens, tokens, max_len) -> np.ndarray:
-        n = len(sequences)
+    def _forward_cuda(self, ids, lens, tokens, max_len) -> np.ndarray:
+        n = len(lens)
         graph = self.use_graphs and n <= self.max_batch and tokens <= self.max_graph_tokens
         if graph:
             t_b = min(self._token_bucket(tokens), self.max_graph_tokens)
@@ -647,7 +649,7 @@ class TorchGpuEngine(Engine):
             self._host_in = torch.empty(size, dtype=torch.int32, pin_memory=True)
         if n > self._host_out.shape[0]:
             self._host_out = torch.empty((n, self.output_size), dtype=torch.float32, pin_memory=True)
-        self._pack(self._host_in.numpy()[:size], sequences, lens, t_b, n_b)
+        self._pack(self._host_in.numpy()[:size], ids, lens, t_b, n_b)
         with torch.cuda.stream(self.stream):
             if graph:
                 self._dev_in[:size].copy_(self._host_in[:size], non_blocking=True)
@@ -662,8 +664,21 @@ class TorchGpuEngine(Engine):
                 out = self._encode(ids, cu, tiles, n_b, max(max_len, self._len_class(max_len)))
                 self.eager_runs += 1
             self._host_out[:n].copy_(out[:n], non_blocking=True)
-            self.stream.synchronize()
+            self._wait()
         return self._host_out[:n].numpy().copy()
+
+    def _wait(self) -> None:
+        """Until the stream's work is done: poll for up to spin_s, then sleep on the (blocking-sync) event."""
+        if self.spin_s < 0:
+            self.stream.synchronize()
+            return
+        done = self._done
+        done.record(self.stream)
+        deadline = time.perf_counter() + self.spin_s
+        while not done.query():
+            if time.perf_counter() >= deadline:
+                done.synchronize()
+                return
 
     def _capture(self, key):
         t_b, n_b, len_class = key
@@ -711,10 +726,10 @@ class TorchGpuEngine(Engine):
             self.attention = fallback_attention if wanted[1] == "triton" else wanted[1]
 
     def _eager_reference(self, sequences) -> torch.Tensor:
-        lens = np.array([len(s) for s in sequences], dtype=np.int64)
-        tokens, n = int(lens.sum()), len(sequences)
+        ids, lens = pack_sequences(sequences)
+        tokens, n = len(ids), len(lens)
         buf = np.empty(self._layout_size(tokens, n), dtype=np.int32)
-        self._pack(buf, sequences, lens, tokens, n)
+        self._pack(buf, ids, lens, tokens, n)
         dev = torch.from_numpy(buf).to(self.torch_device)
         ids, cu, tiles = self._views(dev, tokens, n)
         out = self._encode(ids, cu, tiles, n, max(int(lens.max()), self._len_class(int(lens.max()))))
