@@ -6,8 +6,8 @@ jitter within a deadline), with a share of bad requests (a batch over max_batch_
 
   steady          nothing happens
   restart         SIGTERM the launcher (Triton drains), then start a new one on the same ports
-  kill-tokenizer  SIGKILL one tokenizer stub process; the watchdog reloads the stage
-  kill-encoder    the same for the encoder
+  kill-MODEL      SIGKILL one stub process of each Python model in turn (one_stage: ensemble; two_stage:
+                  tokenizer, encoder); the watchdog reloads it
 
 For each phase: requests sent, succeeded, refused by kind, lost (sent without any answer once the load
 stopped: must be 0) and the longest time without a successful response; for the faults, how long until
@@ -35,11 +35,10 @@ from pathlib import Path
 
 from client.core import ClientError, RetryPolicy, TextClient
 from loadtest.corpus import load_text
+from model_repository.generate import python_models
 from model_repository.server import Ports
 from model_repository.settings import load_settings
 from model_repository.watchdog import child_processes, stub_processes
-
-PHASES = ("steady", "restart", "kill-tokenizer", "kill-encoder")
 
 
 def error_kind(exc: BaseException) -> str:
@@ -221,7 +220,7 @@ def run(settings_path: Path, repository: Path, out: Path, users: int, phase_s: f
     load = Load(f"127.0.0.1:{ports.grpc}", users, settings.ensemble.max_batch_size).start()
     phases, started = {}, time.monotonic()
     try:
-        for phase in PHASES:
+        for phase in ["steady", "restart", *(f"kill-{model}" for model in python_models(settings))]:
             load.phase, start = phase, time.monotonic()
             event: dict = {}
             time.sleep(phase_s / 2)

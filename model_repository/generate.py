@@ -17,7 +17,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from model_repository.settings import ROOT, Settings, SettingsError, StageSettings, load_settings
-from model_repository.stages.engine import SERVING_FILE, ServingSpec
+from model_repository.stages.engine import OPTION_PREFIX, SERVING_FILE, ServingSpec
 from model_repository.stages.tokenization import load_tokenizer
 
 STAGES_DIR = Path(__file__).resolve().parent / "stages"
@@ -92,49 +92,89 @@ def tokenizer_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
         "tokenizer",
         stage,
         input=[_tensor(mc.ModelInput, "text", mc.TYPE_STRING, [1])],
-        output=[
-            _tensor(mc.ModelOutput, "input_ids", mc.TYPE_INT32, [-1]),
-            _tensor(mc.ModelOutput, "attention_mask", mc.TYPE_INT32, [-1]),
-        ],
+        output=[_tensor(mc.ModelOutput, name, mc.TYPE_INT32, [-1]) for name in INPUTS],
         parameters=_parameters(
             {
-                "max_tokens": settings.model.max_tokens,
-                "pad_token_id": spec.pad_token_id,
-                "max_text_bytes": stage.max_text_bytes,
-                "max_request_bytes": stage.max_request_bytes,
+                **_text_limits(settings, spec),
                 # A TensorRT encoder batches only equal shapes: pad each request up to a profile's bucket.
                 "pad_to_buckets": ",".join(map(str, settings.tensorrt.sequence_buckets))
                 if settings.engine.kind == "tensorrt"
                 else "",
             }
         ),
-        model_warmup=[
-            mc.ModelWarmup(
-                name=f"text_batch_{size}",
-                batch_size=size,
-                inputs={"text": mc.ModelWarmup.Input(data_type=mc.TYPE_STRING, dims=[1], input_data_file="text")},
-            )
-            for size in sorted({1, min(8, stage.max_batch_size)})
-        ],
+        model_warmup=_text_warmup(stage.max_batch_size),
     )
 
 
+def _engine_parameters(settings: Settings) -> dict[str, object]:
+    engine = settings.engine
+    options = {f"{OPTION_PREFIX}{key}": value for key, value in sorted(engine.options.items())}
+    return {"engine_kind": engine.kind, "precision": engine.precision, "threads": engine.threads, **options}
+
+
+def _text_limits(settings: Settings, spec: ServingSpec) -> dict[str, object]:
+    tokenizer = settings.tokenizer
+    return {
+        "max_tokens": settings.model.max_tokens,
+        "pad_token_id": spec.pad_token_id,
+        "max_text_bytes": tokenizer.max_text_bytes,
+        "max_request_bytes": tokenizer.max_request_bytes,
+    }
+
+
+def _text_warmup(max_batch_size: int) -> list[mc.ModelWarmup]:
+    return [
+        mc.ModelWarmup(
+            name=f"text_batch_{size}",
+            batch_size=size,
+            inputs={"text": mc.ModelWarmup.Input(data_type=mc.TYPE_STRING, dims=[1], input_data_file="text")},
+        )
+        for size in sorted({1, min(8, max_batch_size)})
+    ]
+
+
+def _task_outputs(spec: ServingSpec) -> list[mc.ModelOutput]:
+    """What clients get back from the ensemble, whatever the topology."""
+    if spec.task == "classification":
+        return [
+            _tensor(mc.ModelOutput, "label", mc.TYPE_STRING, [1]),
+            _tensor(mc.ModelOutput, "scores", mc.TYPE_FP32, [spec.output_size]),
+        ]
+    return [_tensor(mc.ModelOutput, "embedding", mc.TYPE_FP32, [spec.output_size])]
+
+
+def one_stage_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
+    """The one-stage model, under the name clients call (`ensemble`): text in, the task's outputs out.
+
+    Instances, GPUs, queue delay and bounds come from [encoder], its batch limit from [ensemble]: it is at once
+    the most texts one request may carry and the most one execute() runs. A one-step Triton ensemble in front
+    would keep the two limits apart, but it cost 30 us of tritonserver CPU per request and 3-5 % throughput
+    on the H200 (README, one stage or two)."""
+    config = _python_stage(
+        "ensemble",
+        settings.encoder,
+        input=[_tensor(mc.ModelInput, "text", mc.TYPE_STRING, [1])],
+        output=_task_outputs(spec),
+        parameters=_parameters({**_text_limits(settings, spec), **_engine_parameters(settings)}),
+        model_warmup=_text_warmup(settings.ensemble.max_batch_size),
+    )
+    config.max_batch_size = settings.ensemble.max_batch_size
+    return config
+
+
 def encoder_config(settings: Settings, spec: ServingSpec, warmup_tokens: int) -> mc.ModelConfig:
-    stage, engine = settings.encoder, settings.engine
+    stage = settings.encoder
     ragged = {"allow_ragged_batch": True}
     warmup_inputs = {
         name: mc.ModelWarmup.Input(data_type=mc.TYPE_INT32, dims=[warmup_tokens], input_data_file=name)
-        for name in ("input_ids", "attention_mask")
+        for name in INPUTS
     }
     return _python_stage(
         "encoder",
         stage,
-        input=[
-            _tensor(mc.ModelInput, "input_ids", mc.TYPE_INT32, [-1], **ragged),
-            _tensor(mc.ModelInput, "attention_mask", mc.TYPE_INT32, [-1], **ragged),
-        ],
+        input=[_tensor(mc.ModelInput, name, mc.TYPE_INT32, [-1], **ragged) for name in INPUTS],
         output=[_tensor(mc.ModelOutput, spec.output_name, mc.TYPE_FP32, [spec.output_size])],
-        parameters=_parameters({"engine_kind": engine.kind, "precision": engine.precision, "threads": engine.threads}),
+        parameters=_parameters(_engine_parameters(settings)),
         model_warmup=[
             mc.ModelWarmup(name=f"tokens_batch_{size}", batch_size=size, inputs=warmup_inputs)
             for size in sorted({1, min(8, stage.max_batch_size)})
@@ -202,18 +242,19 @@ def postprocess_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
 
 
 def ensemble_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
+    """The two-stage ensemble clients call: text in, the task's outputs out."""
     step = mc.ModelEnsembling.Step
     steps = [
         step(
             model_name="tokenizer",
             model_version=-1,
             input_map={"text": "text"},
-            output_map={"input_ids": "input_ids", "attention_mask": "attention_mask"},
+            output_map={name: name for name in INPUTS},
         ),
         step(
             model_name="encoder",
             model_version=-1,
-            input_map={"input_ids": "input_ids", "attention_mask": "attention_mask"},
+            input_map={name: name for name in INPUTS},
             output_map={spec.output_name: spec.output_name},
         ),
     ]
@@ -226,20 +267,22 @@ def ensemble_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
                 output_map={"scores": "scores", "label": "label"},
             )
         )
-        outputs = [
-            _tensor(mc.ModelOutput, "label", mc.TYPE_STRING, [1]),
-            _tensor(mc.ModelOutput, "scores", mc.TYPE_FP32, [spec.output_size]),
-        ]
-    else:
-        outputs = [_tensor(mc.ModelOutput, "embedding", mc.TYPE_FP32, [spec.output_size])]
     return mc.ModelConfig(
         name="ensemble",
         platform="ensemble",
         max_batch_size=settings.ensemble.max_batch_size,
         input=[_tensor(mc.ModelInput, "text", mc.TYPE_STRING, [1])],
-        output=outputs,
+        output=_task_outputs(spec),
         ensemble_scheduling=mc.ModelEnsembling(step=steps),
     )
+
+
+def python_models(settings: Settings) -> list[str]:
+    """The models of the settings' repository that run as Python stubs, in data-path order."""
+    if settings.topology == "one_stage":
+        return ["ensemble"]
+    models = ["tokenizer"] + (["encoder"] if settings.engine.kind != "tensorrt" else [])
+    return models + (["postprocess"] if settings.model.task == "classification" else [])
 
 
 def _place(source: Path, target: Path) -> None:
@@ -250,15 +293,30 @@ def _place(source: Path, target: Path) -> None:
         shutil.copyfile(source, target)
 
 
-def _write_model(root: Path, config: mc.ModelConfig, settings: Settings, code: dict[str, str], files: list[Path]):
+def _write_model(
+    root: Path, config: mc.ModelConfig, settings: Settings, files: list[Path], stage: str | None = None
+) -> Path:
+    """config.pbtxt and version 1 with the model's files; a Python stage also gets the stage modules (all of
+    them, so that no file list is kept here) and a model.py that is that stage's module under Triton's name."""
     version = root / config.name / "1"
     version.mkdir(parents=True)
     (root / config.name / "config.pbtxt").write_text(header(settings) + text_format.MessageToString(config))
-    for target, source in code.items():
-        shutil.copyfile(STAGES_DIR / source, version / target)
+    if stage:
+        for module in sorted(STAGES_DIR.glob("*.py")):
+            shutil.copyfile(module, version / module.name)
+        (version / "model.py").write_text(
+            f'"""Generated by `python -m model_repository.generate`. Triton loads model.py; the stage is {stage}.py."""'
+            f"\n\nfrom {stage} import TritonPythonModel  # noqa: F401\n"
+        )
     for path in files:
         _place(path, version / path.name)
     return root / config.name
+
+
+def _write_text_warmup(model_dir: Path) -> None:
+    encoded = WARMUP_TEXT.encode()
+    (model_dir / "warmup").mkdir()
+    (model_dir / "warmup" / "text").write_bytes(struct.pack("<I", len(encoded)) + encoded)
 
 
 def generate(settings: Settings, export_dir: Path | None = None, out: Path | None = None) -> Path:
@@ -277,59 +335,30 @@ def generate(settings: Settings, export_dir: Path | None = None, out: Path | Non
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-
-    tokenizer_file = export_dir / "tokenizer.json"
-    warmup_ids = load_tokenizer(tokenizer_file, settings.model.max_tokens).encode(WARMUP_TEXT).ids
-    tokenizer_dir = _write_model(
-        out,
-        tokenizer_config(settings, spec),
-        settings,
-        {
-            "model.py": "tokenizer.py",
-            "tokenization.py": "tokenization.py",
-            "padding.py": "padding.py",
-            "stage_metrics.py": "stage_metrics.py",
-        },
-        [tokenizer_file],
-    )
-    encoded = WARMUP_TEXT.encode()
-    (tokenizer_dir / "warmup").mkdir()
-    (tokenizer_dir / "warmup" / "text").write_bytes(struct.pack("<I", len(encoded)) + encoded)
-
-    if settings.engine.kind == "tensorrt":
-        _write_model(out, tensorrt_encoder_config(settings, spec), settings, {}, engine_files)
+    if settings.topology == "one_stage":
+        files = [export_dir / "tokenizer.json", export_dir / SERVING_FILE, *engine_files]
+        _write_text_warmup(_write_model(out, one_stage_config(settings, spec), settings, files, "text_encoder"))
     else:
-        engine_code = f"engine_{settings.engine.kind}.py"
-        encoder_dir = _write_model(
-            out,
-            encoder_config(settings, spec, len(warmup_ids)),
-            settings,
-            {
-                "model.py": "encoder.py",
-                "engine.py": "engine.py",
-                "padding.py": "padding.py",
-                "stage_metrics.py": "stage_metrics.py",
-                engine_code: engine_code,
-            },
-            [export_dir / SERVING_FILE, *engine_files],
-        )
-        (encoder_dir / "warmup").mkdir()
-        ids = struct.pack(f"<{len(warmup_ids)}i", *warmup_ids)
-        (encoder_dir / "warmup" / "input_ids").write_bytes(ids)
-        (encoder_dir / "warmup" / "attention_mask").write_bytes(
-            struct.pack(f"<{len(warmup_ids)}i", *[1] * len(warmup_ids))
-        )
-
-    if spec.task == "classification":
-        _write_model(
-            out,
-            postprocess_config(settings, spec),
-            settings,
-            {"model.py": "postprocess.py", "engine.py": "engine.py"},
-            [export_dir / SERVING_FILE],
-        )
-    _write_model(out, ensemble_config(settings, spec), settings, {}, [])
+        _write_two_stages(out, settings, spec, export_dir, engine_files)
     return out
+
+
+def _write_two_stages(out: Path, settings: Settings, spec: ServingSpec, export_dir: Path, engine_files: list[Path]):
+    tokenizer_file, serving_file = export_dir / "tokenizer.json", export_dir / SERVING_FILE
+    _write_text_warmup(_write_model(out, tokenizer_config(settings, spec), settings, [tokenizer_file], "tokenizer"))
+    if settings.engine.kind == "tensorrt":
+        _write_model(out, tensorrt_encoder_config(settings, spec), settings, engine_files)
+    else:
+        warmup_ids = load_tokenizer(tokenizer_file, settings.model.max_tokens).encode(WARMUP_TEXT).ids
+        config = encoder_config(settings, spec, len(warmup_ids))
+        encoder_dir = _write_model(out, config, settings, [serving_file, *engine_files], "encoder")
+        (encoder_dir / "warmup").mkdir()
+        (encoder_dir / "warmup" / "input_ids").write_bytes(struct.pack(f"<{len(warmup_ids)}i", *warmup_ids))
+        mask = [1] * len(warmup_ids)
+        (encoder_dir / "warmup" / "attention_mask").write_bytes(struct.pack(f"<{len(mask)}i", *mask))
+    if spec.task == "classification":
+        _write_model(out, postprocess_config(settings, spec), settings, [serving_file], "postprocess")
+    _write_model(out, ensemble_config(settings, spec), settings, [])
 
 
 def main(argv: list[str] | None = None) -> int:

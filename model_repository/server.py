@@ -33,11 +33,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from model_repository.settings import Settings, SettingsError, load_settings
-from model_repository.watchdog import ADMIN_HEADER, StubWatchdog
+from model_repository.watchdog import ADMIN_HEADER, StubWatchdog, stubs_cpu_s
 
 # Python backend shared-memory pool per model instance: large enough for a full dynamic batch of
 # token ids and embeddings without growing it request by request.
 SHM_DEFAULT_BYTES = 16 * 1024 * 1024
+# CPU seconds the stubs may use while the server counts as idle (the metrics threads wake once a second).
+STUB_BUSY_CPU_S = 0.02
 
 
 class ServerError(RuntimeError):
@@ -341,12 +343,13 @@ class TritonServer:
         return not problems, problems
 
     def drain(self, quiet_s: float = 1.0) -> None:
-        """Readiness 503 and no more stub restarts; wait until no request is between two stages and none has
-        completed for quiet_s (at most server.exit_timeout_s); then SIGTERM Triton.
+        """Readiness 503 and no more stub restarts; wait until no request is between two stages, none has
+        completed and no stub has used CPU for quiet_s (at most server.exit_timeout_s); then SIGTERM Triton.
 
         Why wait here: on SIGTERM Triton 2.51 finishes the model executions running, but refuses the next
         step of an ensemble request already in flight ("Server is stopping, scheduler for model has stopped
-        accepting new inference requests") and then closes the streams of the rest."""
+        accepting new inference requests") and then closes the streams of the rest. The stubs' CPU tells an
+        execute() that runs longer than quiet_s (one stage: a whole request in one execute) from an idle one."""
         if self.draining:
             return
         self.draining = True
@@ -357,9 +360,9 @@ class TritonServer:
         steps = [step["model_name"] for step in config.get("ensemble_scheduling", {}).get("step", [])]
         last, quiet_since = None, time.monotonic()
         while time.monotonic() < deadline and self.process and self.process.poll() is None:
-            counts = self._stage_counts()
-            if counts != last or counts is None:
-                last, quiet_since = counts, time.monotonic()
+            counts, cpu = self._stage_counts(), stubs_cpu_s(self.process.pid)
+            if counts is None or last is None or counts != last[0] or cpu - last[1] > STUB_BUSY_CPU_S:
+                last, quiet_since = (counts, cpu), time.monotonic()
             elif time.monotonic() - quiet_since >= quiet_s and not between_steps(steps, counts):
                 break
             time.sleep(0.1)

@@ -14,6 +14,9 @@ DEFAULT_SETTINGS = Path(__file__).resolve().parent / "settings.toml"
 
 TASKS = ("embedding", "classification")
 ENGINE_KINDS = ("onnxruntime_cpu", "torch_gpu", "tensorrt")
+# one_stage: one Python model tokenizes and encodes (the Python engines); two_stage: tokenizer -> encoder, the
+# only way to reach a TensorRT encoder. auto picks one_stage where it can.
+TOPOLOGIES = ("auto", "one_stage", "two_stage")
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
 QUANTIZED = ("int8", "fp8")  # TensorRT only, from an ONNX model that already carries Q/DQ nodes
 
@@ -37,6 +40,7 @@ class EngineSettings:
     threads: int = 2
     onnx_opset: int = 17
     onnx_tolerance: float = 1e-4
+    options: dict = dataclasses.field(default_factory=dict)  # the engine's own options (its module docstring)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +74,8 @@ class TokenizerSettings(StageSettings):
 
 @dataclasses.dataclass(frozen=True)
 class EnsembleSettings:
-    max_batch_size: int = 256
+    max_batch_size: int = 256  # texts per request
+    topology: str = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +117,13 @@ class Settings:
     tensorrt: TensorRTSettings
     loadtest: LoadTestSettings
     path: Path
+
+    @property
+    def topology(self) -> str:
+        """one_stage or two_stage: the setting, with auto resolved."""
+        if self.ensemble.topology != "auto":
+            return self.ensemble.topology
+        return "two_stage" if self.engine.kind == "tensorrt" else "one_stage"
 
     @property
     def build_dir(self) -> Path:
@@ -159,6 +171,12 @@ def _check(settings: Settings) -> None:
         raise SettingsError(f"engine.kind must be one of {ENGINE_KINDS}, not {engine.kind!r}")
     if engine.precision not in PRECISIONS:
         raise SettingsError(f"engine.precision must be one of {PRECISIONS}, not {engine.precision!r}")
+    if settings.ensemble.topology not in TOPOLOGIES:
+        raise SettingsError(f"ensemble.topology must be one of {TOPOLOGIES}, not {settings.ensemble.topology!r}")
+    if settings.topology == "one_stage" and engine.kind == "tensorrt":
+        raise SettingsError('engine.kind tensorrt is its own Triton model: it needs ensemble.topology "two_stage"')
+    if not all(isinstance(value, str | int | float | bool) for value in engine.options.values()):
+        raise SettingsError("engine.options takes names with plain values (strings, numbers, booleans)")
     if engine.kind == "onnxruntime_cpu" and engine.precision != "fp32":
         raise SettingsError("engine.kind onnxruntime_cpu runs fp32 only")
     if engine.precision in QUANTIZED and engine.kind != "tensorrt":
@@ -181,8 +199,10 @@ def _check(settings: Settings) -> None:
             raise SettingsError(f"tokenizer.{key} must be a positive integer")
     if settings.tokenizer.max_request_bytes < settings.tokenizer.max_text_bytes:
         raise SettingsError("tokenizer.max_request_bytes must be at least tokenizer.max_text_bytes")
-    if engine.kind in ("torch_gpu", "tensorrt") and not settings.encoder.gpus:
-        raise SettingsError(f"engine.kind {engine.kind} needs encoder.gpus, e.g. [0]")
+    if engine.kind == "tensorrt" and not settings.encoder.gpus:
+        raise SettingsError("engine.kind tensorrt needs encoder.gpus, e.g. [0]")
+    if engine.kind == "torch_gpu" and not settings.encoder.gpus and engine.precision != "fp32":
+        raise SettingsError("engine.kind torch_gpu without encoder.gpus runs on the CPU, in fp32 only")
     buckets = settings.tensorrt.sequence_buckets
     if list(buckets) != sorted(set(buckets)) or not buckets or buckets[0] < 2:
         raise SettingsError("tensorrt.sequence_buckets must be strictly increasing token counts >= 2")
@@ -215,12 +235,34 @@ def _check_loadtest(load: LoadTestSettings, max_batch_size: int) -> None:
         raise SettingsError("loadtest needs min_rps >= 0 and max_fail_ratio in 0..1")
 
 
-def load_settings(path: str | Path | None = None) -> Settings:
+def apply_override(raw: dict, override: str) -> None:
+    """One "section.key=value" (value in TOML syntax; a dotted key reaches into a table such as
+    engine.options.spin_us) into the raw settings, as if the file said so: a variant for a benchmark run."""
+    key, sep, value = override.partition("=")
+    names = key.strip().split(".")
+    if not sep or len(names) < 2 or not all(names):
+        raise SettingsError(f"an override reads section.key=value, not {override!r}")
+    try:
+        parsed = tomllib.loads(f"value = {value.strip()}")["value"]
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"override {override!r}: the value is not TOML ({exc})") from None
+    table = raw
+    for name in names[:-1]:
+        table = table.setdefault(name, {})
+        if not isinstance(table, dict):
+            raise SettingsError(f"override {override!r}: {name} is not a table")
+    table[names[-1]] = parsed
+
+
+def load_settings(path: str | Path | None = None, overrides: tuple[str, ...] | list[str] = ()) -> Settings:
+    """The settings file (default: model_repository/settings.toml), checked; overrides as in apply_override."""
     path = Path(path or DEFAULT_SETTINGS).resolve()
     try:
         raw = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise SettingsError(f"cannot read settings {path}: {exc}") from None
+    for override in overrides:
+        apply_override(raw, override)
     known = {"model", "engine", "tokenizer", "encoder", "postprocess", "ensemble", "server", "tensorrt", "loadtest"}
     unknown = set(raw) - known
     if unknown:

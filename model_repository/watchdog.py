@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import threading
 import time
 import urllib.error
@@ -26,6 +27,7 @@ GENERATION_PARAMETER = "watchdog_generation"
 # The header the launcher's Triton requires on the repository API (--http-restricted-api), so that only the
 # watchdog, which knows the per-launch value, can load and unload models.
 ADMIN_HEADER = "bert-triton-admin-key"
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
 def child_processes(parent: int, proc: Path = Path("/proc")) -> list[tuple[int, str, list[bytes]]]:
@@ -51,6 +53,20 @@ def stub_processes(server_pid: int) -> dict[str, list[int]]:
         if state not in ("Z", "X") and len(argv) > 1 and argv[0].endswith(b"triton_python_backend_stub"):
             stubs.setdefault(Path(argv[1].decode(errors="replace")).parts[-3], []).append(pid)
     return stubs
+
+
+def process_cpu_s(pid: int, proc: Path = Path("/proc")) -> float:
+    """utime + stime of one process in seconds; 0 when it is gone."""
+    try:
+        fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICKS_PER_S  # fields 14 and 15 of stat(5)
+
+
+def stubs_cpu_s(server_pid: int) -> float:
+    """CPU seconds the live stubs of tritonserver `server_pid` have used: it grows while any model executes."""
+    return sum(process_cpu_s(pid) for pids in stub_processes(server_pid).values() for pid in pids)
 
 
 def live_stubs(server_pid: int) -> Counter:

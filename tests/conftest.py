@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -59,6 +60,22 @@ def server(settings, repository, tmp_path_factory):
     triton = start_server(settings, repository, tmp_path_factory.mktemp("server"))
     yield triton
     triton.stop()
+
+
+@pytest.fixture(scope="session")
+def two_stage_server(settings, exported, tmp_path_factory):
+    """The same model in the two-stage topology (tokenizer -> encoder), beside the default one-stage server."""
+    two_stage = dataclasses.replace(settings, ensemble=dataclasses.replace(settings.ensemble, topology="two_stage"))
+    root = generate(two_stage, exported, tmp_path_factory.mktemp("repo_two_stage") / "model_repository")
+    triton = start_server(two_stage, root, tmp_path_factory.mktemp("server_two_stage"))
+    yield triton
+    triton.stop()
+
+
+@pytest.fixture(params=["one_stage", "two_stage"])
+def topology_server(request):
+    """Each topology's server in turn: what clients see must not depend on it."""
+    return request.getfixturevalue("server" if request.param == "one_stage" else "two_stage_server")
 
 
 @pytest.fixture(scope="session")

@@ -28,6 +28,12 @@ def text_tensor(values, shape=None, name="text", datatype="BYTES"):
 
 
 @pytest.fixture
+def server(topology_server):
+    """Every case against each topology's server: the catalogue's outcomes do not depend on it."""
+    return topology_server
+
+
+@pytest.fixture
 def good_after(server):
     yield
     with TextClient(server.grpc_url, "grpc") as client:

@@ -43,6 +43,8 @@ from model_repository.server import (
     triton_libs,
 )
 from model_repository.settings import ROOT, load_settings
+from model_repository.stages import stage_metrics
+from model_repository.stages.stage_metrics import FLUSH_INTERVAL_S
 from model_repository.stages.tokenization import load_tokenizer
 from model_repository.watchdog import child_processes, stub_processes
 
@@ -310,34 +312,47 @@ def test_healthcheck_needs_a_real_inference(server):
     assert healthcheck.main(["--url", "http://127.0.0.1:9", "--timeout", "2"]) == 1
 
 
-def test_stage_metrics_on_the_metrics_port(server, exported, settings):
+def test_stage_metrics_on_the_metrics_port(topology_server, exported, settings):
+    """The stages' counts reach the metrics port within about a second (stage_metrics.FLUSH_INTERVAL_S), under
+    the same names in both topologies, labelled with the model that counted them."""
+    server = topology_server
+    one_stage = server.settings.topology == "one_stage"
+    tokenizing, encoding = ("ensemble", "ensemble") if one_stage else ("tokenizer", "encoder")
     texts = ["Triton batches requests dynamically.", "A second, somewhat longer text about tokenization.", "ok"]
     tokenizer = load_tokenizer(exported / "tokenizer.json", settings.model.max_tokens)
     tokens = sum(len(tokenizer.encode(text).ids) for text in texts)
+    time.sleep(2 * FLUSH_INTERVAL_S)  # what earlier requests (the warm-up, other tests) counted is sent by now
     before = scrape(server.host, server.ports.metrics)
     with TextClient(server.grpc_url, "grpc") as client:
         client.embed(texts)  # one request, three texts
-    after = scrape(server.host, server.ports.metrics)
 
     def delta(name, **labels):
         return samples(after, name, **labels) - samples(before, name, **labels)
 
-    assert delta("bert_tokenizer_requests_total", model="tokenizer", version="1") == 1
-    assert delta("bert_tokenizer_tokens_total", model="tokenizer") == tokens
-    assert delta("bert_tokenizer_texts_per_execute_count", model="tokenizer") == 1
-    assert delta("bert_tokenizer_texts_per_execute_sum", model="tokenizer") == len(texts)
-    assert delta("bert_tokenizer_texts_per_execute_bucket", model="tokenizer", le="2") == 0
-    assert delta("bert_tokenizer_texts_per_execute_bucket", model="tokenizer", le="4") == 1
-    assert delta("bert_encoder_sequences_per_execute_sum", model="encoder") == len(texts)
-    assert delta("bert_encoder_real_tokens_total", model="encoder") == tokens
+    deadline = time.monotonic() + 5 * FLUSH_INTERVAL_S
+    while True:
+        after = scrape(server.host, server.ports.metrics)
+        if delta("bert_encoder_padded_tokens_total", model=encoding) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert delta("bert_tokenizer_requests_total", model=tokenizing, version="1") == 1
+    assert delta("bert_tokenizer_tokens_total", model=tokenizing) == tokens
+    assert delta("bert_tokenizer_texts_per_execute_count", model=tokenizing) == 1
+    assert delta("bert_tokenizer_texts_per_execute_sum", model=tokenizing) == len(texts)
+    assert delta("bert_tokenizer_texts_per_execute_bucket", model=tokenizing, le="2") == 0
+    assert delta("bert_tokenizer_texts_per_execute_bucket", model=tokenizing, le="4") == 1
+    assert delta("bert_tokenizer_texts_per_execute_bucket", model=tokenizing, le="+Inf") == 1
+    assert delta("bert_encoder_sequences_per_execute_sum", model=encoding) == len(texts)
+    assert delta("bert_encoder_real_tokens_total", model=encoding) == tokens
     # onnxruntime_cpu pads each chunk to its longest sequence: computed tokens >= real ones.
-    padded = delta("bert_encoder_padded_tokens_total", model="encoder")
+    padded = delta("bert_encoder_padded_tokens_total", model=encoding)
     assert tokens <= padded <= len(texts) * max(len(tokenizer.encode(t).ids) for t in texts)
     labels = re.search(r"^bert_encoder_real_tokens_total{(.*)}", after, flags=re.M).group(1)
-    assert 'model_instance="encoder_0_0"' in labels
-    # The tritonserver buckets the histogram by powers of two up to max_batch_size.
-    bounds = re.findall(r'^bert_encoder_sequences_per_execute_bucket{.*le="([^"]+)"', after, flags=re.M)
-    assert bounds[-2:] == [str(settings.encoder.max_batch_size), "+Inf"]
+    assert f'model_instance="{encoding}_0_0"' in labels
+    # Buckets by powers of two up to the model's max_batch_size, cumulative, as a Prometheus histogram's.
+    bounds = re.findall(rf'^bert_encoder_sequences_per_execute_bucket{{.*le="([^"]+)".*model="{encoding}"', after, re.M)
+    limit = settings.ensemble.max_batch_size if one_stage else settings.encoder.max_batch_size
+    assert sorted(bounds, key=lambda b: float(b)) == [str(2**i) for i in range(limit.bit_length())] + ["+Inf"]
 
 
 class FailingMetrics:
@@ -368,24 +383,58 @@ class FailingMetrics:
 
 
 @pytest.mark.parametrize("fail_on", ["create", "update"])
-@pytest.mark.parametrize("stage", ["tokenizer", "encoder"])
+@pytest.mark.parametrize("stage", ["text_encoder", "tokenizer", "encoder"])
 def test_stage_metrics_never_fail_the_model(monkeypatch, stage, fail_on):
     fake = FailingMetrics(fail_on)
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake)
     module = load_module(f"stage_{stage}_{fail_on}", ROOT / "model_repository" / "stages" / f"{stage}.py")
     model = module.TritonPythonModel()
     args = {"model_name": stage, "model_version": "1", "model_instance_name": f"{stage}_0_0"}
-    if stage == "tokenizer":
-        model._create_metrics(args, 8)
-        model._record(2, ["encoding a", "encoding b"])
-        model._record(1, [])
-    else:
-        model.engine = types.SimpleNamespace(computed_tokens=24)
-        model._create_metrics(args, 8)
+    model.engine = types.SimpleNamespace(computed_tokens=24)
+    model._create_metrics(args, 8)
+    if stage == "encoder":
         model._record(2, 17)
         model._record(1, 5)
+    else:
+        model._record(2, np.array([9, 8]))
+        model._record(1, np.array([], dtype=np.int64))
+    model.finalize()  # flushes what was counted: the failing update turns the metrics off, once
     assert len(fake.warnings) == 1 and "custom metrics off" in fake.warnings[0]
-    assert module.power_of_two_buckets(8) == [1, 2, 4, 8] and module.power_of_two_buckets(1000)[-1] == 1024.0
+
+
+def test_stage_metrics_send_histograms_as_cumulative_counters(monkeypatch):
+    """Counts wait in the stub and go out in one flush: buckets cumulative, as Prometheus reads histograms."""
+    sent: dict = {}
+
+    class Metric:
+        def __init__(self, key):
+            self.key = key
+
+        def increment(self, value):
+            sent[self.key] = sent.get(self.key, 0) + value
+
+    class Family:
+        COUNTER = 0
+
+        def __init__(self, name, description, kind):
+            self.name = name
+
+        def Metric(self, labels):  # the Python backend's name
+            return Metric((self.name, labels.get("le")))
+
+    fake = types.SimpleNamespace(MetricFamily=Family, Logger=types.SimpleNamespace(log_warn=print))
+    args = {"model_name": "m", "model_version": "1", "model_instance_name": "m_0_0"}
+    declared = {"texts": ("t", "histogram", [1.0, 2.0, 4.0]), "requests": ("r", "counter", None)}
+    metrics = stage_metrics.StageMetrics(fake, "m", args, declared, interval_s=3600)
+    for value in (1, 3, 3, 9):
+        metrics.add({"texts": value, "requests": 2})
+    assert sent == {}, "nothing is sent per add()"
+    metrics.close()
+    buckets = {le: value for (name, le), value in sent.items() if name == "texts_bucket"}
+    assert buckets == {"1": 1, "2": 1, "4": 3, "+Inf": 4}, "cumulative, as Prometheus reads a histogram"
+    assert sent[("texts_sum", None)] == 16 and sent[("texts_count", None)] == 4 and sent[("requests", None)] == 8
+    assert stage_metrics.power_of_two_buckets(8) == [1, 2, 4, 8]
+    assert stage_metrics.power_of_two_buckets(1000)[-1] == 1024.0
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -490,9 +539,9 @@ def test_a_dead_stub_is_reported_and_restarted_while_tritons_ready_says_200(imag
     watchdog has restarted the stage, and then a real inference (the chart's probe) passes (runs last)."""
     server = image_like_server
     ((triton, _, _),) = child_processes(server.process.pid)
-    (tokenizer_stub,) = stub_processes(triton)["tokenizer"]
+    (stub,) = stub_processes(triton)["ensemble"]  # the one-stage model: tokenizer and encoder in one stub
     launcher_ready = f"http://127.0.0.1:{server.ports.health}/ready"
-    os.kill(tokenizer_stub, signal.SIGKILL)
+    os.kill(stub, signal.SIGKILL)
     reported, deadline = None, time.monotonic() + 30
     while reported is None and time.monotonic() < deadline:
         try:
@@ -502,14 +551,14 @@ def test_a_dead_stub_is_reported_and_restarted_while_tritons_ready_says_200(imag
             with urllib.request.urlopen(f"{server.url}/v2/health/ready", timeout=5) as response:
                 assert response.status == 200  # Triton's own readiness does not notice
         time.sleep(0.02)
-    assert reported and any("tokenizer" in problem for problem in reported["problems"]), reported
+    assert reported and any("ensemble" in problem for problem in reported["problems"]), reported
     while time.monotonic() < deadline and healthcheck.problem(server.url):
         time.sleep(0.2)
     with urllib.request.urlopen(launcher_ready, timeout=5) as response:
         body = json.loads(response.read())
-    assert body["ready"] and body["stub_restarts"][0]["model"] == "tokenizer"
+    assert body["ready"] and body["stub_restarts"][0]["model"] == "ensemble"
     assert healthcheck.main(["--url", server.url]) == 0
-    assert stub_processes(triton)["tokenizer"] != [tokenizer_stub]
+    assert stub_processes(triton)["ensemble"] != [stub]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -567,7 +616,7 @@ def test_bundle_for_tensorrt_leaves_the_plan_to_the_engine_build(tensorrt_bundle
 
 def test_bundle_for_other_engines_is_the_generated_repository(settings, exported, tmp_path):
     repository = bundle.write_repository(settings, exported, tmp_path / "model_repository")
-    assert (repository / "encoder" / "1" / "model.onnx").is_file()
+    assert (repository / "ensemble" / "1" / "model.onnx").is_file()
     assert (repository / "ensemble" / "config.pbtxt").is_file()
 
 

@@ -20,7 +20,9 @@ from tritonclient.utils import InferenceServerException
 
 from client.core import RetryPolicy, TextClient
 from loadtest import reliability
+from model_repository.generate import generate, python_models
 from model_repository.server import Ports
+from model_repository.settings import load_settings
 
 
 @pytest.fixture()
@@ -30,21 +32,25 @@ def launcher(settings, repository, tmp_path):
     started.kill()
 
 
-def test_faults_under_load_lose_nothing_and_recover(settings, repository, tmp_path):
+@pytest.mark.parametrize("topology", ["one_stage", "two_stage"])
+def test_faults_under_load_lose_nothing_and_recover(settings, exported, tmp_path, topology):
     # A shorter drain bound: the load below ignores /ready, so the drain waits all of it before SIGTERM.
     fast = tmp_path / "settings.toml"
     text, count = re.subn(r"^exit_timeout_s = \d+", "exit_timeout_s = 3", settings.path.read_text(), flags=re.M)
-    assert count == 1
+    text, topologies = re.subn(r'^topology = "auto"', f'topology = "{topology}"', text, flags=re.M)
+    assert count == 1 and topologies == 1
     fast.write_text(text)
+    settings = load_settings(fast)
+    repository = generate(settings, exported, tmp_path / "model_repository")
     result = reliability.run(fast, repository, tmp_path, users=4, phase_s=2.0)
     phases = result["phases"]
-    assert list(phases) == list(reliability.PHASES)
+    assert list(phases) == ["steady", "restart", *(f"kill-{model}" for model in python_models(settings))]
     for name, phase in phases.items():
         assert phase["lost"] == 0, name
         assert phase["succeeded"] > 0, name
         # Only the deliberate bad requests are refused: the client rides out stub restarts and the restart.
         assert set(phase["refused"]) <= {"invalid_argument"}, (name, result["refusal_examples"])
-    for model in ("tokenizer", "encoder"):
+    for model in python_models(settings):
         event = phases[f"kill-{model}"]["event"]
         assert event["ready_503_seen"] and any(model in problem for problem in event["problems_reported"])
         assert event["watchdog_reload_s"] is not None and event["stubs_after"] >= 1
@@ -78,15 +84,15 @@ def test_sigterm_drains_requests_in_flight(launcher):
 def test_repository_api_is_only_open_to_the_launcher(launcher):
     """Explicit model control (for the watchdog) must not let any client unload the service."""
     request = urllib.request.Request(
-        f"http://127.0.0.1:{launcher.ports.http}/v2/repository/models/encoder/unload", data=b"{}", method="POST"
+        f"http://127.0.0.1:{launcher.ports.http}/v2/repository/models/ensemble/unload", data=b"{}", method="POST"
     )
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=10)
     assert refused.value.code == 403
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{launcher.ports.grpc}")
     with pytest.raises(InferenceServerException, match="restricted"):
-        client.unload_model("encoder")
-    assert client.is_model_ready("encoder") and client.is_model_ready("ensemble")
+        client.unload_model("ensemble")
+    assert client.is_model_ready("ensemble")
 
 
 def test_live_and_ready_endpoints(launcher):

@@ -26,28 +26,30 @@ def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_embeddings_match_sentence_transformers(server, reference_model, sentences, protocol):
+def test_embeddings_match_sentence_transformers(topology_server, reference_model, sentences, protocol):
     assert len(sentences) >= 20
     reference = reference_model.encode(sentences, batch_size=8, convert_to_numpy=True)
-    with TextClient(url(server, protocol), protocol) as client:
+    with TextClient(url(topology_server, protocol), protocol) as client:
         served = np.concatenate([client.embed([text]) for text in sentences])
     similarity = cosine(served, reference)
     assert similarity.min() >= 0.9999, dict(zip(sentences, similarity.round(6), strict=True))
 
 
-def test_mixed_length_batch_equals_single_requests(server, sentences):
+def test_mixed_length_batch_equals_single_requests(topology_server, sentences):
     texts = sorted(sentences, key=len)[::3]  # short to very long (truncated) in one request
-    with TextClient(server.grpc_url, "grpc") as client:
+    with TextClient(topology_server.grpc_url, "grpc") as client:
         batched = client.embed(texts)
         singles = np.concatenate([client.embed([text]) for text in texts])
     np.testing.assert_allclose(batched, singles, atol=2e-5)
 
 
-def test_concurrent_requests_are_batched(server, sentences):
+def test_concurrent_requests_are_batched(topology_server, sentences):
+    server = topology_server
     stats_client = grpcclient.InferenceServerClient(server.grpc_url)
+    engine_model = "ensemble" if server.settings.topology == "one_stage" else "encoder"
 
     def counts():
-        stats = stats_client.get_inference_statistics("encoder", as_json=True)["model_stats"][0]
+        stats = stats_client.get_inference_statistics(engine_model, as_json=True)["model_stats"][0]
         return int(stats.get("inference_count", 0)), int(stats.get("execution_count", 0))
 
     before = counts()
@@ -86,13 +88,13 @@ def test_cli_prints_embeddings(server, protocol):
         np.testing.assert_allclose(embeddings, client.embed(["The CLI talks to Triton.", "Second text"]), atol=1e-6)
 
 
-def test_invalid_utf8_is_rejected_and_server_keeps_serving(server):
+def test_invalid_utf8_is_rejected_and_server_keeps_serving(topology_server):
     data = np.array([b"\xff\xfe not utf-8"], dtype=np.object_).reshape(1, 1)
     tensor = grpcclient.InferInput("text", [1, 1], "BYTES")
     tensor.set_data_from_numpy(data)
     with pytest.raises(Exception, match="not valid UTF-8"):
-        grpcclient.InferenceServerClient(server.grpc_url).infer("ensemble", [tensor])
-    with TextClient(server.grpc_url, "grpc") as client:
+        grpcclient.InferenceServerClient(topology_server.grpc_url).infer("ensemble", [tensor])
+    with TextClient(topology_server.grpc_url, "grpc") as client:
         assert client.embed(["still serving"]).shape == (1, 384)
 
 
@@ -101,23 +103,38 @@ def test_client_gives_up_on_a_dead_server_with_a_clear_error():
         client.embed(["nobody listens on port 9"])
 
 
-def test_classification_ensemble_returns_labels(settings, classification_export, tmp_path_factory):
+@pytest.mark.parametrize(("topology", "protocol"), [("one_stage", "http"), ("two_stage", "grpc")])
+def test_classification_returns_the_engines_scores_and_labels(
+    settings, classification_export, tmp_path_factory, topology, protocol
+):
     import dataclasses
 
     from model_repository.generate import generate
+    from model_repository.stages.engine import load_engine
+    from model_repository.stages.tokenization import load_tokenizer
 
-    cls_settings = dataclasses.replace(settings, model=dataclasses.replace(settings.model, task="classification"))
+    cls_settings = dataclasses.replace(
+        settings,
+        model=dataclasses.replace(settings.model, task="classification"),
+        ensemble=dataclasses.replace(settings.ensemble, topology=topology),
+    )
     root = generate(cls_settings, classification_export, tmp_path_factory.mktemp("cls_repo") / "repo")
     server = start_server(cls_settings, root, tmp_path_factory.mktemp("cls_server"))
+    texts = ["great movie", "terrible service, never again", "an average day"]
     try:
-        with TextClient(server.http_url, "http") as client:
-            out = client.infer(["great movie", "terrible service, never again"])
+        with TextClient(url(server, protocol), protocol) as client:
+            out = client.infer(texts)
     finally:
         server.stop()
-    assert out["scores"].shape == (2, 2)
-    np.testing.assert_allclose(out["scores"].sum(1), 1.0, rtol=1e-5)
-    assert set(out["label"]) <= {"LABEL_0", "LABEL_1"}
-    assert list(out["label"]) == [["LABEL_0", "LABEL_1"][i] for i in out["scores"].argmax(1)]
+    # The reference: the exported model's logits on the same token ids, softmax in float64.
+    tokenizer = load_tokenizer(classification_export / "tokenizer.json", settings.model.max_tokens)
+    engine = load_engine("onnxruntime_cpu", classification_export)
+    logits = engine.forward([np.array(e.ids, dtype=np.int32) for e in tokenizer.encode_batch(texts)]).astype(np.float64)
+    expected = np.exp(logits - logits.max(1, keepdims=True))
+    expected /= expected.sum(1, keepdims=True)
+    np.testing.assert_allclose(out["scores"], expected, atol=1e-5)
+    labels = engine.spec.labels
+    assert list(out["label"].reshape(-1)) == [labels[i] for i in expected.argmax(1)]
 
 
 def test_overload_fails_fast_and_every_request_is_answered(settings, exported, tmp_path_factory):

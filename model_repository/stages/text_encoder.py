@@ -1,0 +1,88 @@
+"""Triton Python model `text_encoder` (one-stage topology): text -> embedding, or label and scores, in one stub.
+
+The whole data path of a dynamic batch in one execute(): every text of every request is tokenized in one
+call (tokenization.TextTokenizer: packed ids, no padding), the engine runs those packed ids at once, and
+each request gets its own rows back. Nothing crosses a process boundary between tokenizing and encoding,
+which in the two-stage topology (tokenizer -> encoder) costs a stub round trip and a padded copy per
+request. A request over tokenizer.max_text_bytes or max_request_bytes, or with invalid UTF-8, fails with
+INVALID_ARG before anything is decoded; the other requests of the batch are served.
+
+Custom metrics (stage_metrics.py, sent about once a second), with the two stages' names so that dashboards
+read either topology: bert_tokenizer_{requests,tokens}_total, bert_tokenizer_texts_per_execute,
+bert_encoder_sequences_per_execute, bert_encoder_{real,padded}_tokens_total.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from classification import label_array, scores_and_labels
+from engine import engine_from_args
+from stage_metrics import StageMetrics, encoder_metrics, tokenizer_metrics
+from tokenization import TextTokenizer, gather_texts
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        config = json.loads(args["model_config"])
+        if sum(group["count"] for group in config["instance_group"]) > 1:
+            # Parallelism then comes from the instances; a thread pool per instance would oversubscribe the cores.
+            os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
+        version_dir = Path(args["model_repository"]) / args["model_version"]
+        self.tokenizer = TextTokenizer.from_file(version_dir / "tokenizer.json", int(params["max_tokens"]))
+        self.limits = int(params["max_text_bytes"]), int(params["max_request_bytes"])
+        self.engine = engine_from_args(args, params)
+        spec = self.engine.spec
+        self.labels = label_array(spec.labels) if spec.task == "classification" else None
+        self._create_metrics(args, int(config["max_batch_size"]))
+        gc.freeze()  # what loading made lives on: later collections need not scan it
+
+    def _create_metrics(self, args: dict, max_batch_size: int) -> None:
+        declared = {**tokenizer_metrics(max_batch_size), **encoder_metrics(max_batch_size)}
+        self._metrics = StageMetrics(pb_utils, "text_encoder", args, declared)
+
+    def execute(self, requests: list) -> list:
+        raws = [pb_utils.get_input_tensor_by_name(request, "text").as_numpy() for request in requests]
+        texts, parts = gather_texts(raws, *self.limits)
+        ids, lengths = self.tokenizer.encode(texts)
+        outputs = self.engine.forward_packed(ids, lengths) if texts else None
+        self._record(len(requests), lengths)
+        if self.labels is not None and texts:
+            outputs = scores_and_labels(outputs, self.labels)
+        responses = []
+        for part in parts:
+            if isinstance(part, str):
+                error = pb_utils.TritonError(part, pb_utils.TritonError.INVALID_ARG)
+                responses.append(pb_utils.InferenceResponse(error=error))
+            elif self.labels is None:
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("embedding", outputs[part])]))
+            else:
+                scores, labels = outputs[0][part], outputs[1][part]
+                responses.append(
+                    pb_utils.InferenceResponse([pb_utils.Tensor("scores", scores), pb_utils.Tensor("label", labels)])
+                )
+        return responses
+
+    def _record(self, requests: int, lengths: np.ndarray) -> None:
+        values = {"bert_tokenizer_requests_total": requests}
+        if len(lengths):
+            tokens = int(lengths.sum())
+            values.update(
+                {
+                    "bert_tokenizer_tokens_total": tokens,
+                    "bert_tokenizer_texts_per_execute": len(lengths),
+                    "bert_encoder_sequences_per_execute": len(lengths),
+                    "bert_encoder_real_tokens_total": tokens,
+                    "bert_encoder_padded_tokens_total": self.engine.computed_tokens,
+                }
+            )
+        self._metrics.add(values)
+
+    def finalize(self) -> None:
+        self._metrics.close()
