@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import platform
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,8 +24,6 @@ from export.checkpoint import resolve_source
 from loadtest.corpus import load_text
 from model_repository.server import Ports, TritonServer
 from model_repository.settings import load_settings
-
-RESULTS = Path(__file__).with_name("results")
 
 
 def cpu_name() -> str:
@@ -67,9 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--shapes", default="1x64,8x16,32x8", help="client load shapes, TEXTS_PER_REQUESTxCONCURRENCY, comma separated"
     )
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="settings override")
+    parser.add_argument("--out", type=Path, default=Path("build/bench"), help="results folder (default build/bench)")
     args = parser.parse_args(argv)
-    settings = load_settings(args.settings)
+    settings = load_settings(args.settings, args.set)
     texts = load_text()[: args.texts]
 
     reference = sentence_transformers_rate(settings.model.source, texts, args.st_batch_size)
@@ -97,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "cpu_throughput",
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
         "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads()},
-        "command": "make bench",
+        "command": "python -m bench.cpu_throughput " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "topology": settings.topology,
+        "overrides": args.set,
         "model": settings.model.name,
         "engine": settings.engine.kind,
         "texts": len(texts),

@@ -12,7 +12,7 @@
 #   * exports PATH (venv first: the Triton python stub takes its interpreter, hence its
 #     site-packages, from the python3 found on PATH), LD_LIBRARY_PATH (Triton's libs and
 #     the image's libpython, which the stub links), TRITONSERVER_BIN, TRITON_BACKENDS_DIR,
-#     TRITON_CACHES_DIR, PERF_ANALYZER, KIT_PYTHON;
+#     TRITON_CACHES_DIR, PERF_ANALYZER, KIT_PYTHON, PY_SPY;
 #   * prints one summary line; on any problem prints why and returns non-zero.
 #
 # Knobs: IMAGE_PYTHON [/opt/torch/.venv/bin/python3], KIT_SRC [<repo>/.kit],
@@ -159,6 +159,10 @@ EOF
     export TRITON_BACKENDS_DIR=$ts_dir/backends
     export TRITON_CACHES_DIR=$ts_dir/caches
     export PERF_ANALYZER=$kit_root/perf_analyzer/perf_analyzer
+    # py-spy's binary, where pip --target put the wheel's scripts.
+    local spy
+    spy=$("$vpy" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/bin/py-spy
+    [[ -x $spy ]] && export PY_SPY=$spy
     for f in "$TRITONSERVER_BIN" "$TRITON_BACKENDS_DIR/python/libtriton_python.so" \
         "$TRITON_BACKENDS_DIR/python/triton_python_backend_stub" "$PERF_ANALYZER"; do
         [[ -x $f || -f $f ]] || { _kit_err "missing after unpack: $f (rm -rf $kit_root and retry)"; return 1; }

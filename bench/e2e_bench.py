@@ -1,9 +1,13 @@
-"""python -m bench.e2e_bench: perf_analyzer over gRPC against the text ensemble, concurrency sweep.
+"""python -m bench.e2e_bench: perf_analyzer over gRPC against the served text model, concurrency sweep.
 
-Starts the real tritonserver on the generated repository of the given settings, feeds perf_analyzer
-single-text requests drawn from loadtest/corpus.txt, and records per concurrency: throughput, p50/p90/p99
-latency, and where the time went per model (Triton's statistics: queue, compute input, infer, output,
-and the average batch each stage executed). Writes e2e_bench.json into --out.
+For each settings file given (one per topology or shape, side by side in one run), it generates that
+settings' model repository from the export, starts the real tritonserver on it, feeds perf_analyzer
+corpus texts (loadtest/corpus.txt) and records per load shape (texts per request x requests in flight):
+throughput, p50/p90/p99 latency, where the time went per model (Triton's statistics: queue, compute
+input, infer, output, mean batch), the CPU microseconds per request of each process kind (tritonserver,
+each model's stubs, perf_analyzer; /proc) and the GPU's utilization, memory, power and clock (NVML).
+--profile samples one stub of the given model with py-spy during the last shape. Writes e2e_bench.json
+into --out after each server.
 """
 
 from __future__ import annotations
@@ -24,10 +28,14 @@ from pathlib import Path
 
 import tritonclient.grpc as grpcclient
 
+from bench import process_cpu
+from bench.gpu_sampler import GpuSampler
 from loadtest.corpus import load_text
 from loadtest.triton_stats import model_stats, stage_breakdown
+from model_repository.generate import generate
 from model_repository.server import Ports, TritonServer
-from model_repository.settings import load_settings
+from model_repository.settings import Settings, load_settings
+from model_repository.watchdog import stub_processes
 
 
 def perf_analyzer_input(texts: list[str], path: Path) -> None:
@@ -36,29 +44,22 @@ def perf_analyzer_input(texts: list[str], path: Path) -> None:
 
 
 def run_perf_analyzer(
-    binary: str, url: str, data: Path, concurrency: int, interval_ms: int, stability: int, csv_path: Path
+    binary: str,
+    url: str,
+    model: str,
+    data: Path,
+    concurrency: int,
+    batch: int,
+    interval_ms: int,
+    stability: int,
+    csv_path: Path,
 ) -> dict:
     command = [
-        binary,
-        "-m",
-        "ensemble",
-        "-u",
-        url,
-        "-i",
-        "grpc",
-        "--input-data",
-        str(data),
-        "--concurrency-range",
-        str(concurrency),
-        "--measurement-interval",
-        str(interval_ms),
-        "--max-trials",
-        "8",
-        "--stability-percentage",
-        str(stability),
-        "-f",
-        str(csv_path),
-    ]
+        binary, "-m", model, "-u", url, "-i", "grpc", "--input-data", str(data), "-b", str(batch),
+        "--concurrency-range", str(concurrency), "--measurement-interval", str(interval_ms), "--max-trials", "8",
+        "--stability-percentage", str(stability), "-f", str(csv_path),
+    ]  # fmt: skip
+    csv_path.unlink(missing_ok=True)  # exit code 2 reads the CSV: never a stale one
     cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     run = subprocess.run(command, capture_output=True, text=True, timeout=600)
@@ -72,77 +73,150 @@ def run_perf_analyzer(
     with csv_path.open() as handle:
         row = next(csv.DictReader(handle))
     return {
+        "model": model,
         "concurrency": concurrency,
+        "texts_per_request": batch,
         "stable": stable,
-        "inferences_per_s": float(row["Inferences/Second"]),
+        "inferences_per_s": float(row["Inferences/Second"]),  # texts per second
         **{f"{p}_ms": float(row[f"{p} latency"]) / 1e3 for p in ("p50", "p90", "p99")},
-        # The load generator's own cost: perf_analyzer's CPU seconds over its whole run (all trials).
+        # The load generator's own cost over its whole run (all trials).
         "client_cpu_s": round(cpu_s, 2),
         "client_cores_busy": round(cpu_s / wall_s, 2) if wall_s > 0 else None,
     }
 
 
+def py_spy_profile(server_pid: int, model: str, seconds: int, out: Path) -> str | None:
+    """Samples one stub of `model` for `seconds` in the background (py-spy record, collapsed stacks); the file
+    it writes, or None without py-spy or such a stub."""
+    binary = os.environ.get("PY_SPY") or shutil.which("py-spy")
+    pids = stub_processes(server_pid).get(model)
+    if not binary or not pids:
+        return None
+    path = out / f"py-spy-{model}.txt"
+    subprocess.Popen(
+        [binary, "record", "--pid", str(pids[0]), "--duration", str(seconds), "--rate", "200", "--format", "raw",
+         "--output", str(path), "--nonblocking"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    return str(path)
+
+
+@contextlib.contextmanager
+def served(settings: Settings, url: str | None, work: Path):
+    """(gRPC url, tritonserver pid): a server started from `settings`, or the one at url."""
+    if url:
+        pids = process_cpu.find_processes("tritonserver")
+        if len(pids) != 1:
+            raise SystemExit(f"--url: found {len(pids)} tritonserver processes here; CPU figures need exactly one")
+        yield url, pids[0]
+        return
+    repository = generate(settings, settings.export_dir, work / "model_repository")
+    with TritonServer(settings, repository, Ports.free(), "127.0.0.1", work_dir=work) as server:
+        yield server.grpc_url, server.process.pid
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """ "1x1,1x256,8x64" -> [(texts per request, concurrency), ...]."""
+    return [tuple(int(part) for part in shape.split("x")) for shape in text.split(",") if shape]
+
+
+def sweep(settings: Settings, args, work: Path, data: Path) -> dict:
+    """One server from `settings`: every shape against the model clients call."""
+    shapes = parse_shapes(args.shapes)
+    runs = []
+    work.mkdir(parents=True, exist_ok=True)
+    with served(settings, args.url, work) as (url, server_pid):
+        stats_client = grpcclient.InferenceServerClient(url)
+        if args.warmup_s:  # CUDA graphs for the common shapes, caches: not measured
+            texts, concurrency = shapes[-1]
+            run_perf_analyzer(
+                args.perf_analyzer, url, "ensemble", data, concurrency, texts, args.warmup_s * 1000 // 3, 100,
+                work / "warmup.csv",
+            )  # fmt: skip
+        model = "ensemble"
+        for texts, concurrency in shapes:
+            before, cpu_before = model_stats(stats_client), process_cpu.snapshot(server_pid)
+            profile = None
+            if args.profile and (texts, concurrency) == shapes[-1]:
+                profile = py_spy_profile(server_pid, args.profile, 10, args.out)
+            with GpuSampler() as gpu:
+                row = run_perf_analyzer(
+                    args.perf_analyzer, url, model, data, concurrency, texts, args.interval_ms, args.stability,
+                    work / f"{model}-{texts}x{concurrency}.csv",
+                )  # fmt: skip
+            cpu_after, after = process_cpu.snapshot(server_pid), model_stats(stats_client)
+            row["stages"] = stage_breakdown(before, after)
+            requests = row["stages"].get(model, {}).get("requests", 0)
+            row["cpu"] = process_cpu.per_request(cpu_before, cpu_after, requests)
+            if requests:  # perf_analyzer's CPU from its own rusage, over the same requests
+                row["cpu"]["cpu_us_per_request"]["perf_analyzer"] = round(row["client_cpu_s"] / requests * 1e6, 1)
+            row["gpu"] = gpu.summary()
+            if profile:
+                row["py_spy"] = profile
+            runs.append(row)
+            cpu = row["cpu"]["cpu_us_per_request"]
+            row["server_cpu_us_per_request"] = round(
+                sum(v for k, v in cpu.items() if k == "tritonserver" or k.endswith(" stubs")), 1
+            )
+            util = row["gpu"].get("gpu0", {}).get("utilization_pct_mean", "-")
+            print(
+                f"{settings.path.name:28s} {model:12s} {texts}x{concurrency:<4d} "
+                f"{row['inferences_per_s']:9.1f} texts/s  p50 {row['p50_ms']:6.2f} p99 {row['p99_ms']:6.2f} ms  "
+                f"server CPU {row['server_cpu_us_per_request']:6.1f} us/req  GPU {util}%",
+                flush=True,
+            )
+    return {
+        "settings_file": str(settings.path),
+        "overrides": args.set,
+        "topology": settings.topology,
+        "settings": settings.as_dict(),
+        "runs": runs,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.e2e_bench", description=__doc__)
-    parser.add_argument("--settings")
-    parser.add_argument("--concurrency", default="1,8,32,64,128,200,256")
+    parser.add_argument("--settings", action="append", help="settings file; repeat to compare (default: the default)")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override in every settings file"
+    )
+    parser.add_argument(
+        "--shapes", default="1x1,1x8,1x32,1x64,1x128,1x200,1x256", help="TEXTS_PER_REQUESTxCONCURRENCY, comma separated"
+    )
+    parser.add_argument("--profile", metavar="MODEL", help="py-spy one stub of MODEL during the last shape")
+    parser.add_argument("--warmup-s", type=int, default=0, help="unmeasured load at the last shape first")
     parser.add_argument("--interval-ms", type=int, default=3000, help="perf_analyzer measurement window")
     parser.add_argument("--stability", type=int, default=20, help="perf_analyzer --stability-percentage")
     parser.add_argument("--perf-analyzer", default=os.environ.get("PERF_ANALYZER", "perf_analyzer"))
     parser.add_argument("--texts", type=int, default=4000)
-    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--out", type=Path, default=Path("build/bench"))
     parser.add_argument("--gpu-name", default=os.environ.get("GPU_NAME", ""))
-    parser.add_argument("--url", help="gRPC HOST:PORT of a running server (default: start one from --settings)")
+    parser.add_argument("--url", help="gRPC HOST:PORT of a running server on this host (default: start one)")
     args = parser.parse_args(argv)
     if shutil.which(args.perf_analyzer) is None:
         raise SystemExit(f"perf_analyzer not found ({args.perf_analyzer}); pass --perf-analyzer or PERF_ANALYZER")
-    settings = load_settings(args.settings)
+    args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="e2e_bench_"))
     data = work / "input.json"
     perf_analyzer_input(load_text()[: args.texts], data)
     results = []
-    server = None
-    if not args.url:
-        server = TritonServer(settings, settings.repository_dir, Ports.free(), "127.0.0.1", work_dir=work)
-    with server or contextlib.nullcontext():
-        url = args.url or server.grpc_url
-        stats_client = grpcclient.InferenceServerClient(url)
-        for concurrency in (int(c) for c in args.concurrency.split(",")):
-            before = model_stats(stats_client)
-            started = time.perf_counter()
-            row = run_perf_analyzer(
-                args.perf_analyzer,
-                url,
-                data,
-                concurrency,
-                args.interval_ms,
-                args.stability,
-                work / f"c{concurrency}.csv",
-            )
-            row["stages"] = stage_breakdown(before, model_stats(stats_client))
-            row["wall_s"] = round(time.perf_counter() - started, 1)
-            results.append(row)
-            encoder = row["stages"].get("encoder", {})
-            print(
-                f"c={concurrency:4d}  {row['inferences_per_s']:9.1f} inf/s  p50 {row['p50_ms']:7.2f} ms  "
-                f"p99 {row['p99_ms']:7.2f} ms  encoder batch {encoder.get('mean_batch', 0):6.1f}  "
-                f"encoder infer {encoder.get('compute_infer_us', 0):8.1f} us/req  "
-                f"perf_analyzer {row['client_cores_busy']} cores busy",
-                flush=True,
-            )
+    for index, path in enumerate(args.settings or [None]):
+        results.append(sweep(load_settings(path, args.set), args, work / f"server{index}", data))
+        write_result(args, argv, results)
+    return 0
+
+
+def write_result(args, argv, results: list[dict]) -> None:
     result = {
         "benchmark": "e2e_bench",
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
         "gpu": args.gpu_name,
         "cpu_cores": os.cpu_count(),
         "command": "python -m bench.e2e_bench " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "settings": settings.as_dict(),
-        "client": "perf_analyzer (tritonclient 2.51.0), gRPC, closed loop, 1 text per request",
-        "runs": results,
+        "client": "perf_analyzer 2.51, gRPC, closed loop, corpus texts",
+        "servers": results,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "e2e_bench.json").write_text(json.dumps(result, indent=2) + "\n")
-    return 0
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ done
 ready || { echo "server not ready after 120 s"; tail -40 "$OUT/server.out"; exit 1; }
 
 python3 -m bench.e2e_bench --settings "$SETTINGS" --url 127.0.0.1:8001 --perf-analyzer "$PERF_ANALYZER" \
-  --gpu-name "$GPU_NAME" --concurrency "$USERS" --out "$OUT" 2>&1 | tee "$OUT/e2e_bench.log"
+  --gpu-name "$GPU_NAME" --shapes "1x$USERS" --out "$OUT" 2>&1 | tee "$OUT/e2e_bench.log"
 
 for processes in $LOCUST_PROCESSES; do
   # Exit 1 = the bar was missed: that is a result to report, not a failed measurement.

@@ -1,0 +1,60 @@
+"""CPU seconds per process kind, read from /proc: tritonserver, each model's stubs, and named others.
+
+A snapshot sums utime + stime of every live process of a kind (stubs grouped by the model they serve, the
+way the launcher's watchdog finds them); the difference of two snapshots over the requests served in
+between is the CPU each kind spends per request. Processes that ended between snapshots drop out, so
+compare snapshots of one steady run.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from model_repository.watchdog import TICKS_PER_S, process_cpu_s, stub_processes
+
+
+def host_busy_s(proc: Path = Path("/proc")) -> float:
+    """CPU seconds all cores spent not idle since boot (/proc/stat)."""
+    values = [int(v) for v in (proc / "stat").read_text().splitlines()[0].split()[1:]]
+    idle = values[3] + values[4]  # idle + iowait
+    return (sum(values[:8]) - idle) / TICKS_PER_S
+
+
+def find_processes(comm: str, proc: Path = Path("/proc")) -> list[int]:
+    """Pids whose command name (/proc/PID/comm) is `comm`."""
+    pids = []
+    for path in proc.glob("[0-9]*/comm"):
+        try:
+            if path.read_text().strip() == comm:
+                pids.append(int(path.parent.name))
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def snapshot(server_pid: int, others: dict[str, list[int]] | None = None) -> dict[str, float]:
+    """CPU seconds so far per kind: "tritonserver", "<model> stubs", each of `others`, and "host" (all cores),
+    with the wall time under "wall"."""
+    cpu = {"tritonserver": process_cpu_s(server_pid)}
+    for model, pids in sorted(stub_processes(server_pid).items()):
+        cpu[f"{model} stubs"] = sum(map(process_cpu_s, pids))
+    for kind, pids in (others or {}).items():
+        cpu[kind] = sum(map(process_cpu_s, pids))
+    cpu["host"] = host_busy_s()
+    cpu["wall"] = time.monotonic()
+    return cpu
+
+
+def per_request(before: dict[str, float], after: dict[str, float], requests: int) -> dict:
+    """Cores busy and CPU microseconds per request of each kind between two snapshots."""
+    wall = after["wall"] - before["wall"]
+    kinds = [kind for kind in after if kind not in ("wall",)]
+    spent = {kind: after[kind] - before.get(kind, 0.0) for kind in kinds}
+    return {
+        "window_s": round(wall, 2),
+        "cores_busy": {kind: round(seconds / wall, 2) for kind, seconds in spent.items()} if wall > 0 else {},
+        "cpu_us_per_request": {kind: round(seconds / requests * 1e6, 1) for kind, seconds in spent.items()}
+        if requests > 0
+        else {},
+    }
