@@ -11,7 +11,7 @@ or --accept-* flags): a breach sets the exit code to 1 and logs one line saying 
 
 gRPC under gevent: grpcio blocks the whole process in its own C core unless
 `grpc.experimental.gevent.init_gevent()` ran before any channel exists; the gRPC user calls it (once per
-process, after Locust forked its --processes workers) before opening its channel.
+process, after Locust forked its --processes workers) before opening the process's channel.
 """
 
 from __future__ import annotations
@@ -21,12 +21,13 @@ import logging
 import random
 import time
 from pathlib import Path
+from typing import ClassVar
 
-import tritonclient.grpc as grpcclient
+import grpc
 from locust import FastHttpUser, User, constant, constant_throughput, events, task
 from locust.runners import WorkerRunner
+from tritonclient.grpc import service_pb2
 
-from client.core import text_input
 from loadtest.acceptance import (
     Measured,
     Thresholds,
@@ -174,32 +175,55 @@ def row_problem(shapes: list[list[int]], size: int) -> str | None:
     return f"outputs shaped {wrong} for {size} texts" if wrong else None
 
 
+def infer_request(model: str, texts: list[str]) -> bytes:
+    """A serialized KServe ModelInferRequest for `texts`: the bytes tritonclient would put on the wire."""
+    content = b"".join(len(data).to_bytes(4, "little") + data for data in (text.encode() for text in texts))
+    request = service_pb2.ModelInferRequest(model_name=model)
+    request.inputs.add(name="text", datatype="BYTES", shape=[len(texts), 1])
+    request.raw_input_contents.append(content)
+    return request.SerializeToString()
+
+
 class GrpcTextUser(User):
-    """tritonclient.grpc, one channel per user; every call reported to Locust with its real timing."""
+    """Raw KServe gRPC ModelInfer calls, every one reported to Locust with its real timing.
+
+    The load generator must cost far less than the server it measures, and on one host it shares the cores:
+    the users of a process share one channel (HTTP/2 multiplexes their calls), each request is serialized
+    once per distinct batch of texts and reused, and the response is parsed by protobuf alone."""
 
     wait_time = constant(0)
+    # Per process (Locust forks its workers before users start): host -> the ModelInfer callable on the one
+    # channel, and (model, texts) -> the serialized request (bounded: corpus positions x batch sizes).
+    _calls: ClassVar[dict] = {}
+    _requests: ClassVar[dict] = {}
 
     def on_start(self) -> None:
         init_grpc_gevent()
         host = (self.host or "").removeprefix("grpc://")
         if not host:
             raise ValueError("no host: pass --host HOST:PORT of Triton's gRPC endpoint")
-        self._client = grpcclient.InferenceServerClient(host)
+        if host not in self._calls:
+            channel = grpc.insecure_channel(host, options=[("grpc.max_receive_message_length", 1 << 30)])
+            self._calls[host] = channel.unary_unary(
+                "/inference.GRPCInferenceService/ModelInfer",
+                request_serializer=None,  # bytes as they are
+                response_deserializer=service_pb2.ModelInferResponse.FromString,
+            )
+        self._infer = self._calls[host]
         self._texts = TextSource()
         desynchronize()
-
-    def on_stop(self) -> None:
-        if getattr(self, "_client", None) is not None:
-            self._client.close()
 
     @task
     def infer(self) -> None:
         texts = self._texts.batch()
-        tensor = text_input(grpcclient, texts)
+        key = (CONFIG["model"], tuple(texts))
+        request = self._requests.get(key)
+        if request is None:
+            request = self._requests[key] = infer_request(CONFIG["model"], texts)
         length, error = 0, None
         started = time.perf_counter()
         try:
-            response = self._client.infer(CONFIG["model"], [tensor], client_timeout=CONFIG["timeout_s"]).get_response()
+            response = self._infer(request, timeout=CONFIG["timeout_s"])
             elapsed_ms = (time.perf_counter() - started) * 1e3
             length = response.ByteSize()
             problem = row_problem([list(output.shape) for output in response.outputs], len(texts))
