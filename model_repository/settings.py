@@ -201,8 +201,8 @@ def _check(settings: Settings) -> None:
         raise SettingsError("tokenizer.max_request_bytes must be at least tokenizer.max_text_bytes")
     if engine.kind == "tensorrt" and not settings.encoder.gpus:
         raise SettingsError("engine.kind tensorrt needs encoder.gpus, e.g. [0]")
-    if engine.kind == "torch_gpu" and not settings.encoder.gpus and engine.precision != "fp32":
-        raise SettingsError("engine.kind torch_gpu without encoder.gpus runs on the CPU, in fp32 only")
+    if engine.kind == "torch_gpu" and not settings.encoder.gpus and engine.precision not in ("fp32", "bf16"):
+        raise SettingsError("engine.kind torch_gpu without encoder.gpus runs on the CPU: fp32, or bf16 GEMMs")
     buckets = settings.tensorrt.sequence_buckets
     if list(buckets) != sorted(set(buckets)) or not buckets or buckets[0] < 2:
         raise SettingsError("tensorrt.sequence_buckets must be strictly increasing token counts >= 2")

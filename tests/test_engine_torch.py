@@ -176,8 +176,27 @@ def test_engine_imports_no_transformers():
         elif isinstance(node, ast.ImportFrom) and node.module:
             imported.add(node.module.split(".")[0])
     allowed = {"__future__", "json", "logging", "math", "os", "pathlib", "time", "numpy", "torch", "safetensors"}
-    allowed |= {"engine", "triton"}
+    allowed |= {"engine", "padding", "triton"}
     assert imported <= allowed, f"unexpected imports: {sorted(imported - allowed)}"
+
+
+def test_cpu_bf16_gemms_keep_the_cosine_bar(minilm_dir, token_ids, minilm_reference):
+    """CPU bf16: GEMM operands in bf16 (AMX where the CPU has it), LayerNorm, attention and pooling in fp32."""
+    engine = load_engine("torch_gpu", minilm_dir, "cpu", {"precision": "bf16"})
+    assert engine.gemm_bf16 and engine.layers[0].w1.dtype == torch.bfloat16
+    cos = _cosine(engine.forward(token_ids), minilm_reference)
+    assert cos.min() >= 0.9999, cos
+    assert cos.min() < 0.9999999, "bf16 operands must show in the numerics, else the fp32 path ran"
+
+
+def test_cpu_attention_runs_per_chunk_of_similar_lengths(cpu_engine):
+    """The CPU attention pads each length-sorted chunk to its own longest sequence, not the batch's."""
+    lens = np.array([3, 200, 4, 5, 190, 6])
+    chunks = cpu_engine._cpu_chunks(lens)
+    widths = sorted(real.shape[1] for _, real, _ in chunks)
+    assert widths[0] <= 6 and widths[-1] == 200, widths
+    covered = np.sort(np.concatenate([targets.numpy() for _, _, targets in chunks]))
+    np.testing.assert_array_equal(covered, np.arange(lens.sum()))  # every token attended exactly once
 
 
 def test_minilm_matches_transformers_fp32(cpu_engine, token_ids, minilm_reference):

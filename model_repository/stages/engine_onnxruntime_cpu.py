@@ -1,8 +1,8 @@
 """Engine `onnxruntime_cpu`: the exported ONNX model (pooling and head included) on ONNX Runtime's CPU provider.
 
 ONNX Runtime needs rectangular [batch, sequence] inputs, so sequences are sorted by length and split into
-chunks, each padded to its own longest sequence. Where to cut is chosen by dynamic programming to
-minimize padded tokens plus a per-call cost, so a ragged batch spends little work on padding.
+chunks, each padded to its own longest sequence (padding.plan_chunks), so a ragged batch spends little work
+on padding.
 """
 
 from __future__ import annotations
@@ -10,32 +10,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 from engine import Engine
-from padding import pad_packed
-
-# What one ONNX Runtime call costs beyond its tokens, in token equivalents (measured order of magnitude on
-# MiniLM: ~1 ms of fixed work per call at ~20-40 us per token).
-CALL_COST_TOKENS = 32
-# Largest padded chunk, to bound activation memory.
-MAX_CHUNK_TOKENS = 16384
-
-
-def plan_chunks(lengths: np.ndarray) -> list[tuple[int, int]]:
-    """Cut ascending lengths into [start, stop) chunks minimizing sum(CALL_COST + rows * longest)."""
-    count = len(lengths)
-    best = np.zeros(count + 1)
-    cut = np.zeros(count + 1, dtype=np.int64)
-    for stop in range(1, count + 1):
-        starts = np.arange(stop)
-        padded = (stop - starts) * lengths[stop - 1]
-        cost = best[:stop] + CALL_COST_TOKENS + np.where(padded <= MAX_CHUNK_TOKENS, padded, np.inf)
-        cost[stop - 1] = best[stop - 1] + CALL_COST_TOKENS + lengths[stop - 1]  # a single row always fits
-        cut[stop] = int(np.argmin(cost))
-        best[stop] = cost[cut[stop]]
-    chunks, stop = [], count
-    while stop > 0:
-        chunks.append((int(cut[stop]), stop))
-        stop = int(cut[stop])
-    return chunks[::-1]
+from padding import pad_packed, plan_chunks
 
 
 class OnnxRuntimeCpuEngine(Engine):

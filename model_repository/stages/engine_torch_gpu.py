@@ -12,7 +12,7 @@ This module must import inside Triton's Python-backend stub, where `transformers
 it uses torch, numpy, safetensors and (optional, guarded) OpenAI Triton only.
 
 Options (the `options` dict; values may be strings as they come from a config file):
-  precision        fp16 | bf16 | fp32             (CPU always runs fp32)
+  precision        fp16 | bf16 | fp32             (CPU: fp32, or bf16 = bf16 GEMM operands on AMX, all else fp32)
   attention        auto | triton | flash | varlen | sdpa
                    triton: our varlen kernel; flash: aten._flash_attention_forward varlen (FlashAttention-2);
                    varlen: torch.nn.attention.varlen.varlen_attn; sdpa: rows scattered into a padded
@@ -49,6 +49,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from engine import Engine, ServingSpec, pack_sequences
+from padding import plan_chunks
 
 try:  # OpenAI Triton: optional. Without it (or if its kernels fail the start-up check) torch ops are used.
     import triton
@@ -269,11 +270,13 @@ class TorchGpuEngine(Engine):
         precision = str(opt.get("precision", "fp16" if self.is_cuda else "fp32")).lower()
         if precision not in DTYPES:
             raise ValueError(f"precision must be one of {sorted(DTYPES)}, got {precision!r}")
-        if not self.is_cuda and precision != "fp32":
-            log.info("CPU path runs fp32 (asked for %s)", precision)
+        # On the CPU bf16 means bf16 GEMM operands (AMX), everything else fp32; fp16 has no fast CPU path.
+        self.gemm_bf16 = not self.is_cuda and precision == "bf16"
+        if not self.is_cuda and precision == "fp16":
+            log.info("CPU path runs fp32 (asked for fp16)")
             precision = "fp32"
         self.precision = precision
-        self.dtype = DTYPES[precision]
+        self.dtype = torch.float32 if self.gemm_bf16 else DTYPES[precision]
         if not self.is_cuda and "threads" in opt:
             torch.set_num_threads(int(opt["threads"]))
 
@@ -371,6 +374,7 @@ class TorchGpuEngine(Engine):
 
     def _load_weights(self, sd: dict[str, torch.Tensor]) -> None:
         dev, dt = self.torch_device, self.dtype
+        gemm = torch.bfloat16 if self.gemm_bf16 else dt
 
         def w(name: str, dtype=dt) -> torch.Tensor:
             if name not in sd:
@@ -395,12 +399,14 @@ class TorchGpuEngine(Engine):
             p = f"encoder.layer.{i}."
             a = p + "attention.self."
             layer = _Layer()
-            layer.wqkv = torch.cat([w(a + "query.weight"), w(a + "key.weight"), w(a + "value.weight")]).contiguous()
+            qkv = [w(a + f"{name}.weight", gemm) for name in ("query", "key", "value")]
+            layer.wqkv = torch.cat(qkv).contiguous()
             layer.bqkv = torch.cat([w(a + "query.bias"), w(a + "key.bias"), w(a + "value.bias")]).contiguous()
-            layer.wo, layer.bo = w(p + "attention.output.dense.weight"), w(p + "attention.output.dense.bias")
+            layer.wo = w(p + "attention.output.dense.weight", gemm)
+            layer.bo = w(p + "attention.output.dense.bias")
             layer.ln1 = ln(p + "attention.output.LayerNorm")
-            layer.w1, layer.b1 = w(p + "intermediate.dense.weight"), w(p + "intermediate.dense.bias")
-            layer.w2, layer.b2 = w(p + "output.dense.weight"), w(p + "output.dense.bias")
+            layer.w1, layer.b1 = w(p + "intermediate.dense.weight", gemm), w(p + "intermediate.dense.bias")
+            layer.w2, layer.b2 = w(p + "output.dense.weight", gemm), w(p + "output.dense.bias")
             layer.ln2 = ln(p + "output.LayerNorm")
             layer.ln1_t = tuple(t.to(dt) for t in layer.ln1)
             layer.ln2_t = tuple(t.to(dt) for t in layer.ln2)
@@ -454,12 +460,18 @@ class TorchGpuEngine(Engine):
         and the bias in the LayerNorm kernel, or the bias in the GEMM epilogue and the residual in the kernel."""
         if self.residual_gemm:
             return self._add_ln(x.addmm_(inp, weight.t()), None, bias, ln, ln_t)
-        return self._add_ln(F.linear(inp, weight, bias), x, None, ln, ln_t)
+        return self._add_ln(self._linear(inp, weight, bias), x, None, ln, ln_t)
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """x @ weight^T + bias; CPU bf16: the operands rounded to bf16 (AMX tiles), the bias added in fp32."""
+        if self.gemm_bf16:
+            return F.linear(x.to(torch.bfloat16), weight).float().add_(bias)
+        return F.linear(x, weight, bias)
 
     def _ffn_up(self, x: torch.Tensor, layer: _Layer) -> torch.Tensor:
         if self.gelu == "tanh_epilogue":
             return torch._addmm_activation(layer.b1, x, layer.w1.t(), use_gelu=True)
-        h = F.linear(x, layer.w1, layer.b1)
+        h = self._linear(x, layer.w1, layer.b1)
         if self.kernels == "triton":
             n = h.numel()
             block = 2048
@@ -491,8 +503,10 @@ class TorchGpuEngine(Engine):
             from torch.nn.attention.varlen import varlen_attn
 
             return varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=self.scale).reshape(t, self.hidden)
+        if isinstance(tiles, list):
+            return self._attend_chunks(qkv, tiles)
         # sdpa: scatter the packed rows into a padded [seqs + 1, max_len] grid, one masked SDPA call, gather back
-        # (the simple path for CPU and fp32; the extra row block takes the bucket's tail tokens).
+        # (fp32 on the GPU; the extra row block takes the bucket's tail tokens).
         n_seqs = cu.shape[0] - 1
         slot = seg.long() * max_len + pos.long()
         grid = qkv.new_zeros(((n_seqs + 1) * max_len, 3 * self.hidden))
@@ -504,6 +518,35 @@ class TorchGpuEngine(Engine):
         mask = valid[:, None, None, :]
         o = F.scaled_dot_product_attention(grid[0], grid[1], grid[2], attn_mask=mask, scale=self.scale)
         return o.transpose(1, 2).reshape(-1, self.hidden).index_select(0, slot)
+
+    def _attend_chunks(self, qkv: torch.Tensor, chunks: list) -> torch.Tensor:
+        """CPU attention: one masked SDPA call per chunk of sequences of similar length (_cpu_chunks), each chunk
+        padded to its own longest sequence. One grid padded to the batch's longest cost 2/3 of the CPU time."""
+        padded = torch.cat([qkv, qkv.new_zeros((1, qkv.shape[1]))])  # the last row: what padding slots read
+        out = torch.empty((qkv.shape[0], self.hidden), dtype=qkv.dtype)
+        for gather, real, targets in chunks:
+            rows, width = real.shape
+            grid = padded.index_select(0, gather).view(rows, width, 3, self.heads, self.head_dim)
+            q, k, v = grid.permute(2, 0, 3, 1, 4)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=real[:, None, None, :], scale=self.scale)
+            out.index_copy_(0, targets, o.transpose(1, 2).reshape(rows * width, self.hidden)[real.reshape(-1)])
+        return out
+
+    @staticmethod
+    def _cpu_chunks(lens: np.ndarray) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """(gather, real, targets) per chunk of the length-sorted batch (padding.plan_chunks): the packed row each
+        grid slot reads (padding slots read the zero row past the end), which slots are real, and the packed
+        rows the real slots' results go to."""
+        starts, total = np.cumsum(lens) - lens, int(lens.sum())
+        order = np.argsort(lens, kind="stable")
+        chunks = []
+        for start, stop in plan_chunks(lens[order]):
+            rows = order[start:stop]
+            positions = np.arange(int(lens[rows].max()))
+            real = positions[None, :] < lens[rows][:, None]
+            gather = np.where(real, starts[rows][:, None] + positions[None, :], total)
+            chunks.append(tuple(torch.from_numpy(a) for a in (gather.reshape(-1), real, gather[real])))
+        return chunks
 
     def _pool_head(self, x: torch.Tensor, cu: torch.Tensor, seg: torch.Tensor, n_seqs: int) -> torch.Tensor:
         """fp32 [n_seqs, output_size]: pooled (normalized) embeddings or classifier logits."""
@@ -547,7 +590,7 @@ class TorchGpuEngine(Engine):
         pos = torch.where(seg < n_seqs, ar - cu.index_select(0, seg), 0)
         x = self._embed(ids, pos)
         for layer in self.layers:
-            qkv = F.linear(x, layer.wqkv, layer.bqkv)
+            qkv = self._linear(x, layer.wqkv, layer.bqkv)
             ctx = self._attend(qkv, cu, tiles, max_len, seg, pos)
             x = self._proj_add_ln(ctx, layer.wo, layer.bo, x, layer.ln1, layer.ln1_t)
             h = self._ffn_up(x, layer)
@@ -629,6 +672,8 @@ class TorchGpuEngine(Engine):
         self._pack(buf, ids, lens, tokens, n)
         dev = torch.from_numpy(buf)
         ids, cu, tiles = self._views(dev, tokens, n)
+        if self.attention == "sdpa":
+            tiles = self._cpu_chunks(lens)
         out = self._encode(ids, cu, tiles, n, int(lens.max()))
         return out.numpy().astype(np.float32, copy=True)
 
