@@ -1,7 +1,8 @@
 """python -m bench.plot RESULT.json [...]: PNG plots next to the benchmark JSON files.
 
-e2e_bench.json -> latency vs throughput (p50 and p99 over the concurrency sweep) and a per-stage time
-breakdown from Triton's statistics; engine_bench.json -> sequences/s vs batch size, engine vs baseline.
+e2e_bench.json -> per server (settings file): latency vs throughput over the one-text shapes, and the CPU
+microseconds per request of each process kind; engine_bench.json -> sequences/s vs batch size, engine vs
+baseline; cpu_throughput JSON -> texts/s of each load shape against sentence-transformers.
 """
 
 from __future__ import annotations
@@ -15,31 +16,54 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-PHASES = ("queue_us", "compute_input_us", "compute_infer_us", "compute_output_us")
-
 
 def plot_e2e(result: dict, path: Path) -> None:
-    runs = result["runs"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
-    rate = [r["inferences_per_s"] for r in runs]
-    for key, style in (("p50_ms", "o-"), ("p99_ms", "s--")):
-        left.plot(rate, [r[key] for r in runs], style, label=key.replace("_ms", ""))
-    for r in runs:
-        left.annotate(f"c={r['concurrency']}", (r["inferences_per_s"], r["p99_ms"]), fontsize=7)
-    left.set(xlabel="inferences/s", ylabel="latency (ms)", yscale="log", title="Ensemble latency vs throughput")
-    left.legend()
+    # Files written before e2e_bench compared servers hold one server's runs at the top level.
+    servers = result.get("servers") or [{"settings_file": result.get("command", ""), "runs": result["runs"]}]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5.5))
+    bars, labels = [], []
+    for server in servers:
+        name = Path(server["settings_file"]).stem + "".join(f" {o}" for o in server.get("overrides", []))
+        for model in sorted({r.get("model", "ensemble") for r in server["runs"]}):
+            single = sorted(
+                (r for r in server["runs"] if r.get("texts_per_request", 1) == 1 and r.get("model", model) == model),
+                key=lambda r: r["concurrency"],
+            )
+            rate, label = [r["inferences_per_s"] for r in single], name + ("" if model == "ensemble" else f" {model}")
+            for key, style in (("p50_ms", "o-"), ("p99_ms", "s--")):
+                left.plot(rate, [r[key] for r in single], style, label=f"{label} {key.removesuffix('_ms')}")
+            for r in single:
+                left.annotate(f"c={r['concurrency']}", (r["inferences_per_s"], r["p99_ms"]), fontsize=7)
+        for r in server["runs"]:
+            if "cpu" in r:
+                bars.append(r["cpu"]["cpu_us_per_request"])
+                labels.append(f"{name}\n{r.get('texts_per_request', 1)}x{r['concurrency']}")
+    left.set(xlabel="texts/s (1 text per request)", ylabel="latency (ms)", yscale="log", title="Latency vs throughput")
+    left.legend(fontsize=7)
     left.grid(alpha=0.3)
-
-    stages = [name for name in ("tokenizer", "encoder", "postprocess") if name in runs[0]["stages"]]
-    labels, bottoms = [f"c={r['concurrency']}" for r in runs], [0.0] * len(runs)
-    for stage in stages:
-        for phase in PHASES:
-            values = [r["stages"].get(stage, {}).get(phase, 0) / 1e3 for r in runs]
-            right.bar(labels, values, bottom=bottoms, label=f"{stage} {phase.removesuffix('_us')}")
-            bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
-    right.set(ylabel="ms per request (Triton statistics)", title="Where the time goes, per stage")
+    kinds = sorted({kind for row in bars for kind in row if kind != "host"})
+    bottoms = [0.0] * len(bars)
+    for kind in kinds:
+        values = [row.get(kind, 0.0) for row in bars]
+        right.bar(range(len(bars)), values, bottom=bottoms, label=kind)
+        bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
+    right.set_xticks(range(len(bars)), labels, fontsize=6, rotation=60, ha="right")
+    right.set(ylabel="CPU us per request", title="CPU per request by process (/proc)")
     right.legend(fontsize=7)
-    fig.suptitle(f"{result.get('gpu') or 'CPU'} · {result['date']} · {result['command']}", fontsize=9)
+    fig.suptitle(f"{result.get('gpu') or 'CPU'} · {result['date']} · {result['command']}"[:160], fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def plot_cpu_throughput(result: dict, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    names = ["sentence-transformers"] + [f"{r['texts_per_request']} x {r['concurrency']}" for r in result["ensemble"]]
+    rates = [result["sentence_transformers_texts_per_s"]] + [r["texts_per_s"] for r in result["ensemble"]]
+    ax.bar(names, rates, color=["gray"] + ["tab:blue"] * len(result["ensemble"]))
+    for index, rate in enumerate(rates):
+        ax.annotate(f"{rate:.0f} ({rate / rates[0]:.2f}x)", (index, rate), ha="center", va="bottom", fontsize=8)
+    ax.set(ylabel="texts/s", title=f"{result['model']} on {result['machine']['cores']} CPU cores")
+    fig.suptitle(f"{result['machine']['cpu']} · {result['date']}", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -68,7 +92,8 @@ def main(argv: list[str] | None = None) -> None:
     for path in parser.parse_args(argv).results:
         result = json.loads(path.read_text())
         out = path.with_suffix(".png")
-        (plot_e2e if result.get("benchmark") == "e2e_bench" else plot_engine)(result, out)
+        plot = {"e2e_bench": plot_e2e, "cpu_throughput": plot_cpu_throughput}.get(result.get("benchmark"), plot_engine)
+        plot(result, out)
         print(f"wrote {out}")
 
 

@@ -18,6 +18,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcclient_aio
 import tritonclient.http as httpclient
 import tritonclient.http.aio as httpclient_aio
+from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
 PROTOCOLS = ("grpc", "http")
@@ -61,6 +62,19 @@ def is_retryable(exc: BaseException) -> bool:
         transient = any(text in message for text in TRANSIENT_MESSAGES)
         return status in RETRYABLE_STATUSES or "failed to connect" in message.lower() or transient
     return isinstance(exc, (ConnectionError, TimeoutError, OSError))
+
+
+def model_infer_request(model: str, texts: Sequence[str]) -> bytes:
+    """A serialized KServe v2 gRPC ModelInferRequest carrying `texts`: what TextClient sends, as bytes that a
+    load generator can build once and send many times (loadtest/locustfile.py, bench/cpu_throughput.py)."""
+    content = b"".join(len(data).to_bytes(4, "little") + data for data in (text.encode() for text in texts))
+    request = service_pb2.ModelInferRequest(model_name=model)
+    request.inputs.add(name="text", datatype="BYTES", shape=[len(texts), 1])
+    request.raw_input_contents.append(content)
+    return request.SerializeToString()
+
+
+MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 
 def text_input(module, texts: Sequence[str]):

@@ -28,6 +28,7 @@ from locust import FastHttpUser, User, constant, constant_throughput, events, ta
 from locust.runners import WorkerRunner
 from tritonclient.grpc import service_pb2
 
+from client.core import MODEL_INFER, model_infer_request
 from loadtest.acceptance import (
     Measured,
     Thresholds,
@@ -175,15 +176,6 @@ def row_problem(shapes: list[list[int]], size: int) -> str | None:
     return f"outputs shaped {wrong} for {size} texts" if wrong else None
 
 
-def infer_request(model: str, texts: list[str]) -> bytes:
-    """A serialized KServe ModelInferRequest for `texts`: the bytes tritonclient would put on the wire."""
-    content = b"".join(len(data).to_bytes(4, "little") + data for data in (text.encode() for text in texts))
-    request = service_pb2.ModelInferRequest(model_name=model)
-    request.inputs.add(name="text", datatype="BYTES", shape=[len(texts), 1])
-    request.raw_input_contents.append(content)
-    return request.SerializeToString()
-
-
 class GrpcTextUser(User):
     """Raw KServe gRPC ModelInfer calls, every one reported to Locust with its real timing.
 
@@ -205,7 +197,7 @@ class GrpcTextUser(User):
         if host not in self._calls:
             channel = grpc.insecure_channel(host, options=[("grpc.max_receive_message_length", 1 << 30)])
             self._calls[host] = channel.unary_unary(
-                "/inference.GRPCInferenceService/ModelInfer",
+                MODEL_INFER,
                 request_serializer=None,  # bytes as they are
                 response_deserializer=service_pb2.ModelInferResponse.FromString,
             )
@@ -219,7 +211,7 @@ class GrpcTextUser(User):
         key = (CONFIG["model"], tuple(texts))
         request = self._requests.get(key)
         if request is None:
-            request = self._requests[key] = infer_request(CONFIG["model"], texts)
+            request = self._requests[key] = model_infer_request(CONFIG["model"], texts)
         length, error = 0, None
         started = time.perf_counter()
         try:
