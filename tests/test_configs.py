@@ -190,7 +190,7 @@ def test_bad_settings_are_refused(tmp_path, old, new, message):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (['engine.kind="torch_gpu"', 'engine.precision="fp16"'], "runs on the CPU, in fp32 only"),
+        (['engine.kind="torch_gpu"', 'engine.precision="fp16"'], "runs on the CPU: fp32, or bf16 GEMMs"),
         (
             ['engine.kind="tensorrt"', 'engine.precision="fp16"', "encoder.gpus=[0]", 'ensemble.topology="one_stage"'],
             '"two_stage"',
