@@ -15,19 +15,18 @@ Custom metrics on Triton's metrics port (labels model, version, model_instance; 
 from __future__ import annotations
 
 import gc
-import json
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from engine import engine_from_args
+from model_args import model_config
 from padding import unpad
 from stage_metrics import StageMetrics, encoder_metrics
 
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
-        config = json.loads(args["model_config"])
-        params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
+        config, params, _ = model_config(args)
         self.engine = engine_from_args(args, params)
         self.output_name = self.engine.spec.output_name
         self._create_metrics(args, int(config["max_batch_size"]))

@@ -15,28 +15,20 @@ bert_encoder_sequences_per_execute, bert_encoder_{real,padded}_tokens_total.
 from __future__ import annotations
 
 import gc
-import json
-import os
-from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from classification import label_array, scores_and_labels
 from engine import engine_from_args
+from model_args import instance_count, model_config
 from stage_metrics import StageMetrics, encoder_metrics, tokenizer_metrics
-from tokenization import TextTokenizer, gather_texts
+from tokenization import TextInput
 
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
-        config = json.loads(args["model_config"])
-        if sum(group["count"] for group in config["instance_group"]) > 1:
-            # Parallelism then comes from the instances; a thread pool per instance would oversubscribe the cores.
-            os.environ["TOKENIZERS_PARALLELISM"] = "false"
-        params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
-        version_dir = Path(args["model_repository"]) / args["model_version"]
-        self.tokenizer = TextTokenizer.from_file(version_dir / "tokenizer.json", int(params["max_tokens"]))
-        self.limits = int(params["max_text_bytes"]), int(params["max_request_bytes"])
+        config, params, version_dir = model_config(args)
+        self.text = TextInput(version_dir, params, instance_count(config))
         self.engine = engine_from_args(args, params)
         spec = self.engine.spec
         self.labels = label_array(spec.labels) if spec.task == "classification" else None
@@ -49,8 +41,8 @@ class TritonPythonModel:
 
     def execute(self, requests: list) -> list:
         raws = [pb_utils.get_input_tensor_by_name(request, "text").as_numpy() for request in requests]
-        texts, parts = gather_texts(raws, *self.limits)
-        ids, lengths = self.tokenizer.encode(texts)
+        texts, parts = self.text.gather(raws)
+        ids, lengths = self.text.tokenizer.encode(texts)
         outputs = self.engine.forward_packed(ids, lengths) if texts else None
         self._record(len(requests), lengths)
         if self.labels is not None and texts:

@@ -7,6 +7,7 @@ tokenizer's ids (tests/test_fuzz.py holds the two to that on generated texts and
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from itertools import chain
@@ -79,6 +80,21 @@ def gather_texts(
         parts.append(slice(len(texts), len(texts) + len(decoded)))
         texts.extend(decoded)
     return texts, parts
+
+
+class TextInput:
+    """A text stage's tokenizer and request limits, from its config parameters (tokenizer, text_encoder)."""
+
+    def __init__(self, version_dir: Path, params: dict[str, str], instances: int) -> None:
+        if instances > 1:
+            # Parallelism then comes from the instances; a thread pool per instance would oversubscribe the cores.
+            os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        self.tokenizer = TextTokenizer.from_file(version_dir / "tokenizer.json", int(params["max_tokens"]))
+        self.max_text_bytes = int(params["max_text_bytes"])
+        self.max_request_bytes = int(params["max_request_bytes"])
+
+    def gather(self, raws: list[np.ndarray]) -> tuple[list[str], list[slice | str]]:
+        return gather_texts(raws, self.max_text_bytes, self.max_request_bytes)
 
 
 def load_tokenizer(path: str | Path, max_tokens: int) -> Tokenizer:

@@ -16,28 +16,20 @@ about once a second):
 from __future__ import annotations
 
 import gc
-import json
-import os
-from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+from model_args import instance_count, model_config
 from padding import pad_packed
 from stage_metrics import StageMetrics, tokenizer_metrics
-from tokenization import TextTokenizer, gather_texts
+from tokenization import TextInput
 
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
-        config = json.loads(args["model_config"])
-        if sum(group["count"] for group in config["instance_group"]) > 1:
-            # Parallelism then comes from the instances; a thread pool per instance would oversubscribe the cores.
-            os.environ["TOKENIZERS_PARALLELISM"] = "false"
-        params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
-        version_dir = Path(args["model_repository"]) / args["model_version"]
-        self.tokenizer = TextTokenizer.from_file(version_dir / "tokenizer.json", int(params["max_tokens"]))
+        config, params, version_dir = model_config(args)
+        self.text = TextInput(version_dir, params, instance_count(config))
         self.pad_id = int(params["pad_token_id"])
-        self.limits = int(params["max_text_bytes"]), int(params["max_request_bytes"])
         self.buckets = [int(b) for b in params.get("pad_to_buckets", "").split(",") if b]
         self._create_metrics(args, int(config["max_batch_size"]))
         gc.freeze()  # what loading made lives on: later collections need not scan it
@@ -54,8 +46,8 @@ class TritonPythonModel:
 
     def execute(self, requests: list) -> list:
         raws = [pb_utils.get_input_tensor_by_name(request, "text").as_numpy() for request in requests]
-        texts, parts = gather_texts(raws, *self.limits)
-        ids, lengths = self.tokenizer.encode(texts)
+        texts, parts = self.text.gather(raws)
+        ids, lengths = self.text.tokenizer.encode(texts)
         self._record(len(requests), lengths)
         starts = np.cumsum(lengths) - lengths
         responses = []
