@@ -70,7 +70,8 @@ class Launcher:
         for name in ("http", "grpc", "metrics", "health"):
             command += [f"--{name}-port", str(getattr(self.ports, name))]
         with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+            # A process group of its own, as a terminal's job gets: interrupt() is what Ctrl-C there sends.
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while self.ready()[0] != 200:
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -99,6 +100,14 @@ class Launcher:
 
     def terminate(self) -> None:
         self.process.send_signal(signal.SIGTERM)
+
+    def interrupt(self) -> None:
+        """SIGINT to the launcher's whole process group, as Ctrl-C in its terminal does."""
+        os.killpg(self.process.pid, signal.SIGINT)
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.ports.health}/metrics", timeout=5) as response:
+            return response.read().decode()
 
     def kill(self) -> None:
         if self.process and self.process.poll() is None:

@@ -4,10 +4,14 @@ The Python backend's stub embeds the `python3` found first on PATH, so the launc
 interpreter's folder first and refuses to start when that interpreter has numpy >= 2: Triton 2.51's stub
 then silently reads every numeric input element as element 0 and crashes on strings.
 
-The launcher stays tritonserver's parent: it restarts a Python stage whose stub died (watchdog.py), serves
-/ready and /live on server.health_port (ready = Triton ready, every stub alive, not shutting down), and on
-SIGTERM or SIGINT drains: /ready turns 503 at once, Triton keeps serving until no request has completed for
-a second (at most server.exit_timeout_s), then gets SIGTERM and has server.exit_timeout_s again to finish.
+The launcher stays tritonserver's parent: it starts tritonserver again when it dies (bounded backoff, at most
+server.max_restarts within server.restart_window_s, then it exits non-zero), restarts a Python stage whose
+stub died (watchdog.py), serves /ready, /live and /metrics on server.health_port (ready = Triton ready, every
+stub alive, not shutting down), and on SIGTERM or SIGINT drains: /ready turns 503 at once, Triton keeps
+serving until no request has completed for a second (at most server.exit_timeout_s), then gets SIGTERM and
+has server.exit_timeout_s again to finish. tritonserver runs in a session of its own, so a Ctrl-C in the
+terminal reaches the launcher alone (which drains), and whatever it leaves behind when it exits (stubs
+still unloading, their shared memory) is removed with it.
 """
 
 from __future__ import annotations
@@ -28,12 +32,20 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from model_repository.settings import Settings, SettingsError, load_settings
-from model_repository.watchdog import ADMIN_HEADER, StubWatchdog, stubs_cpu_s
+from model_repository.watchdog import (
+    ADMIN_HEADER,
+    StubWatchdog,
+    remove_orphaned_shm,
+    remove_regions,
+    stubs,
+    stubs_cpu_s,
+)
 
 # Python backend shared-memory pool per model instance: large enough for a full dynamic batch of
 # token ids and embeddings without growing it request by request.
@@ -239,6 +251,25 @@ def between_steps(steps: list[str], counts: dict[str, tuple[int, int]]) -> int:
     return sum(counts.get(a, zero)[0] - sum(counts.get(b, zero)) for a, b in itertools.pairwise(steps))
 
 
+@dataclass
+class Restarts:
+    """tritonserver deaths within a sliding window: the backoff before the next start, or the end of trying."""
+
+    max_restarts: int
+    window_s: float
+    total: int = 0
+    recent: list = field(default_factory=list)  # time.monotonic() of each death in the window
+
+    def record(self) -> float | None:
+        """Count one death; seconds to wait before starting again, or None once it died too often."""
+        now = time.monotonic()
+        self.recent = [*(t for t in self.recent if now - t < self.window_s), now]
+        if len(self.recent) > self.max_restarts:
+            return None
+        self.total += 1
+        return min(2.0 ** (len(self.recent) - 1), 30.0)
+
+
 class TritonServer:
     """A tritonserver child process; `with TritonServer(...) as server:` waits until the ensemble is ready.
 
@@ -266,6 +297,12 @@ class TritonServer:
         self.process: subprocess.Popen | None = None
         self.watchdog: StubWatchdog | None = None
         self.draining = False
+        self.stopping = threading.Event()  # set when a drain begins: ends a restart backoff at once
+        self.restarts = Restarts(settings.server.max_restarts, settings.server.restart_window_s)
+        self.stub_restarts: Counter = Counter()  # per model, over every tritonserver this launcher ran
+        self.regions: set[str] = set()  # shared-memory regions of this tritonserver's stubs (the watchdog adds more)
+        self.started = False  # this tritonserver came up (and the watchdog runs)
+        self.was_ready = False  # some tritonserver of this launcher came up: a later failure is a death
 
     @property
     def http_url(self) -> str:
@@ -293,24 +330,45 @@ class TritonServer:
         )
         return command, env
 
+    def check_ports(self) -> None:
+        """Refuse, naming the port and its setting, when something already listens on one of Triton's ports
+        (a second `make serve`, say): otherwise tritonserver starts its stubs and only then fails."""
+        for name in ("http", "grpc", "metrics"):
+            port = getattr(self.ports, name)
+            with socket.socket() as probe:
+                # As a server binds: connections of a previous tritonserver in TIME_WAIT do not count, a listener does.
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    probe.bind((self.host, port))
+                except OSError as exc:
+                    raise ServerError(
+                        f"port {port} on {self.host} (server.{name}_port) is in use ({exc.strerror}): "
+                        "is another server running? Stop it, or choose other ports in the settings"
+                    ) from None
+
     def start(self, timeout_s: float = 180.0) -> TritonServer:
+        self.started = False
         command, env = self.command()
+        self.check_ports()
+        # A session of its own: a terminal's Ctrl-C reaches the launcher only (which drains), and every process
+        # Triton starts (the stubs) is in its process group, so reap() can end what outlives it.
+        spawn = {"env": env, "preexec_fn": _die_with_parent, "start_new_session": True}
         if self.log_path is None:
-            self.process = subprocess.Popen(command, env=env, preexec_fn=_die_with_parent)
+            self.process = subprocess.Popen(command, **spawn)
         else:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             with self.log_path.open("wb") as log_file:  # the child keeps its own descriptor
-                self.process = subprocess.Popen(
-                    command, env=env, stdout=log_file, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
-                )
+                self.process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, **spawn)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise ServerError(f"tritonserver exited with {self.process.returncode}; {self._log_tail()}")
             if self.model_ready("ensemble"):
+                self.regions = {stub.region for stub in stubs(self.process.pid)}
                 interval = self.settings.server.watchdog_interval_s
                 if interval > 0:
                     self.watchdog = StubWatchdog(self.process.pid, self.http_url, self.admin_key, interval).start()
+                self.started = self.was_ready = True
                 return self
             time.sleep(0.25)
         self.stop()
@@ -336,6 +394,8 @@ class TritonServer:
         """(ready, problems): what the launcher's /ready answers."""
         if self.process is None or self.process.poll() is not None:
             return False, ["tritonserver is not running"]
+        if not self.started:
+            return False, ["tritonserver is starting"]
         problems = ["shutting down: draining in-flight requests"] if self.draining else []
         if not self._http_ok("/v2/health/ready"):
             problems.append("tritonserver is not ready")
@@ -353,6 +413,7 @@ class TritonServer:
         if self.draining:
             return
         self.draining = True
+        self.stopping.set()
         if self.watchdog:
             self.watchdog.stop()
         deadline = time.monotonic() + self.settings.server.exit_timeout_s
@@ -386,6 +447,29 @@ class TritonServer:
             for model in stats["model_stats"]
         }
 
+    def reap(self) -> None:
+        """After tritonserver exited: end what it left running in its process group (stubs of a model version
+        Triton never finished unloading, which outlive it and ignore SIGTERM), then remove the shared-memory
+        regions of every stub it ran (16 MiB each; a killed stub's region outlives it)."""
+        if self.process is None or self.process.poll() is None:
+            return
+        regions = set(self.regions)
+        if self.watchdog:
+            self.watchdog.stop()
+            self.stub_restarts.update(restart.model for restart in self.watchdog.restarts)
+            regions |= self.watchdog.regions
+            self.watchdog = None
+        deadline = time.monotonic() + 5
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            while time.monotonic() < deadline:  # until the group is gone
+                os.killpg(self.process.pid, 0)
+                time.sleep(0.05)
+        except (ProcessLookupError, PermissionError):
+            pass  # nothing (left) in the group
+        remove_regions(regions)
+        self.regions = set()
+
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
             self.drain()
@@ -394,8 +478,7 @@ class TritonServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        elif self.watchdog:
-            self.watchdog.stop()
+        self.reap()
 
     def __enter__(self) -> TritonServer:
         return self.start()
@@ -405,13 +488,38 @@ class TritonServer:
 
 
 class HealthEndpoint(ThreadingHTTPServer):
-    """GET /ready (200 or 503 with the problems) and /live (200 while tritonserver runs), as JSON."""
+    """GET /ready (200 or 503 with the problems), /live (200 while tritonserver runs), both JSON, and /metrics
+    (Prometheus text: the launcher's restarts of tritonserver and of stages)."""
 
     daemon_threads = True
 
     def __init__(self, server: TritonServer) -> None:
         self.triton = server
-        super().__init__((server.host, server.ports.health), _HealthHandler)
+        try:
+            super().__init__((server.host, server.ports.health), _HealthHandler)
+        except OSError as exc:
+            raise ServerError(
+                f"port {server.ports.health} on {server.host} (server.health_port) is in use ({exc.strerror}): "
+                "is another server running? Stop it, or choose other ports in the settings"
+            ) from None
+
+
+def launcher_metrics(triton: TritonServer) -> str:
+    stubs = Counter(triton.stub_restarts)
+    if triton.watchdog:
+        stubs.update(restart.model for restart in triton.watchdog.restarts)
+    lines = [
+        "# HELP bert_launcher_tritonserver_restarts_total Times the launcher started tritonserver again after it died",
+        "# TYPE bert_launcher_tritonserver_restarts_total counter",
+        f"bert_launcher_tritonserver_restarts_total {triton.restarts.total}",
+        "# HELP bert_launcher_stub_restarts_total Reloads of a Python model after one of its stubs died",
+        "# TYPE bert_launcher_stub_restarts_total counter",
+        *(f'bert_launcher_stub_restarts_total{{model="{model}"}} {count}' for model, count in sorted(stubs.items())),
+        "# HELP bert_launcher_ready Whether the launcher's /ready answers 200",
+        "# TYPE bert_launcher_ready gauge",
+        f"bert_launcher_ready {int(triton.health()[0])}",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 class _HealthHandler(BaseHTTPRequestHandler):
@@ -419,6 +527,9 @@ class _HealthHandler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         triton = self.server.triton
+        if self.path == "/metrics":
+            self._send(200, launcher_metrics(triton).encode(), "text/plain; version=0.0.4")
+            return
         if self.path == "/ready":
             ok, problems = triton.health()
             body = {"ready": ok, "problems": problems}
@@ -426,21 +537,76 @@ class _HealthHandler(BaseHTTPRequestHandler):
             ok = triton.process is not None and triton.process.poll() is None
             body = {"live": ok}
         else:
-            self.send_error(404, "GET /ready or /live")
+            self.send_error(404, "GET /ready, /live or /metrics")
             return
+        body["tritonserver_restarts"] = triton.restarts.total
         if triton.watchdog and triton.watchdog.restarts:
             body["stub_restarts"] = [
                 {"model": r.model, "at": r.detected_at, "seconds": r.seconds} for r in triton.watchdog.restarts
             ]
-        data = json.dumps(body).encode()
-        self.send_response(200 if ok else 503)
-        self.send_header("Content-Type", "application/json")
+        self._send(200 if ok else 503, json.dumps(body).encode(), "application/json")
+
+    def _send(self, status: int, data: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
 
     def log_message(self, *args) -> None:  # probes every few seconds would flood the log
         pass
+
+
+def exit_status(code: int) -> int:
+    """tritonserver's exit code as a shell reports it: killed by signal N gives 128 + N."""
+    return 128 - code if code < 0 else code
+
+
+def describe_exit(code: int) -> str:
+    return f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+
+
+def supervise(server: TritonServer) -> int:
+    """Run tritonserver until a drain ends it, starting it again when it dies: the launcher's exit status."""
+    settings = server.settings.server
+    while True:
+        try:
+            server.start()
+        except ServerError as exc:
+            if server.draining:
+                return 0
+            if not server.was_ready:
+                print(f"serve failed: {exc}", file=sys.stderr)
+                return 1
+            print(f"launcher: tritonserver did not come back: {exc}", flush=True)
+        else:
+            print(
+                f"tritonserver ready: HTTP {server.http_url}, gRPC {server.grpc_url}, metrics {server.host}:"
+                f"{server.ports.metrics}, launcher /ready, /live and /metrics on {server.host}:{server.ports.health}",
+                flush=True,
+            )
+        code = server.process.wait()
+        server.reap()
+        print(f"launcher: tritonserver exited with {describe_exit(code)}", flush=True)
+        if server.draining:
+            return exit_status(code)
+        delay = server.restarts.record()
+        if delay is None:
+            deaths, window = len(server.restarts.recent), settings.restart_window_s
+            print(
+                f"launcher: tritonserver died {deaths} times within {window:.0f} s (server.max_restarts = "
+                f"{settings.max_restarts}): giving up; the last exit was {describe_exit(code)}, see its log above",
+                file=sys.stderr,
+                flush=True,
+            )
+            return exit_status(code) or 1
+        print(
+            f"launcher: starting tritonserver again in {delay:.0f} s (restart {len(server.restarts.recent)} of at most "
+            f"{settings.max_restarts} within {settings.restart_window_s:.0f} s); /ready answers 503 meanwhile",
+            flush=True,
+        )
+        if server.stopping.wait(delay):
+            return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -469,24 +635,19 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    removed = remove_orphaned_shm()
+    if removed:
+        print(f"launcher: removed {len(removed)} shared-memory regions that dead stubs left in /dev/shm", flush=True)
     try:
-        server.start()
+        health = HealthEndpoint(server)  # the launcher's own port first: /ready says 503 until Triton is up
     except ServerError as exc:
-        if server.draining:
-            return 0
         print(f"serve failed: {exc}", file=sys.stderr)
         return 1
-    health = HealthEndpoint(server)
     threading.Thread(target=health.serve_forever, name="health", daemon=True).start()
-    print(
-        f"tritonserver ready: HTTP {server.http_url}, gRPC {server.grpc_url}, metrics {server.host}:{ports.metrics}, "
-        f"launcher /ready and /live on {server.host}:{ports.health}",
-        flush=True,
-    )
-    code = server.process.wait()
-    health.shutdown()
-    print(f"launcher: tritonserver exited with {code}", flush=True)
-    return 128 - code if code < 0 else code  # killed by signal N: 128 + N, as a shell reports it
+    try:
+        return supervise(server)
+    finally:
+        health.shutdown()
 
 
 if __name__ == "__main__":

@@ -87,6 +87,8 @@ class ServerSettings:
     health_port: int = 8003  # the launcher's /ready and /live (Triton's own readiness misses dead stubs)
     watchdog_interval_s: float = 0.5  # how often the launcher checks the stage stubs; 0 turns it off
     exit_timeout_s: int = 10  # SIGTERM: serve until quiet (at most this long), then Triton has this long to finish
+    max_restarts: int = 5  # tritonserver deaths the launcher restarts within restart_window_s; one more: it gives up
+    restart_window_s: float = 300.0
     build_dir: str = "build"
 
 
@@ -217,6 +219,8 @@ def _check(settings: Settings) -> None:
     server = settings.server
     if server.watchdog_interval_s < 0 or server.exit_timeout_s < 1:
         raise SettingsError("server needs watchdog_interval_s >= 0 and exit_timeout_s >= 1")
+    if server.max_restarts < 0 or server.restart_window_s <= 0:
+        raise SettingsError("server needs max_restarts >= 0 and restart_window_s > 0")
     _check_loadtest(settings.loadtest, settings.ensemble.max_batch_size)
 
 

@@ -43,16 +43,31 @@ def child_processes(parent: int, proc: Path = Path("/proc")) -> list[tuple[int, 
     return found
 
 
-def stub_processes(server_pid: int) -> dict[str, list[int]]:
-    """Live (not zombie) Python-backend stub processes of tritonserver `server_pid`, per model.
+@dataclass(frozen=True)
+class Stub:
+    pid: int
+    model: str
+    region: str  # its shared-memory region's name in /dev/shm
 
-    A stub's command line is `triton_python_backend_stub <repository>/<model>/<version>/model.py ...`;
-    Triton does not reap a stub that died, so it lingers as a zombie ('Z') child."""
-    stubs: dict[str, list[int]] = {}
-    for pid, state, argv in child_processes(server_pid):
-        if state not in ("Z", "X") and len(argv) > 1 and argv[0].endswith(b"triton_python_backend_stub"):
-            stubs.setdefault(Path(argv[1].decode(errors="replace")).parts[-3], []).append(pid)
-    return stubs
+
+def stubs(server_pid: int) -> list[Stub]:
+    """Live (not zombie) Python-backend stub processes of tritonserver `server_pid`.
+
+    A stub's command line is `triton_python_backend_stub <repository>/<model>/<version>/model.py <shm region>
+    ...`; Triton does not reap a stub that died, so it lingers as a zombie ('Z') child."""
+    return [
+        Stub(pid, Path(argv[1].decode(errors="replace")).parts[-3], argv[2].decode(errors="replace"))
+        for pid, state, argv in child_processes(server_pid)
+        if state not in ("Z", "X") and len(argv) > 2 and argv[0].endswith(b"triton_python_backend_stub")
+    ]
+
+
+def stub_processes(server_pid: int) -> dict[str, list[int]]:
+    """Live stub pids of tritonserver `server_pid`, per model."""
+    found: dict[str, list[int]] = {}
+    for stub in stubs(server_pid):
+        found.setdefault(stub.model, []).append(stub.pid)
+    return found
 
 
 def process_cpu_s(pid: int, proc: Path = Path("/proc")) -> float:
@@ -69,8 +84,38 @@ def stubs_cpu_s(server_pid: int) -> float:
     return sum(process_cpu_s(pid) for pids in stub_processes(server_pid).values() for pid in pids)
 
 
-def live_stubs(server_pid: int) -> Counter:
-    return Counter({model: len(pids) for model, pids in stub_processes(server_pid).items()})
+SHM_REGION_PREFIX = "triton_python_backend_shm_region_"
+
+
+def mapped_files(proc: Path = Path("/proc")) -> set[str]:
+    """Every file some live process has mapped (the last field of /proc/PID/maps)."""
+    mapped = set()
+    for maps in proc.glob("[0-9]*/maps"):
+        try:
+            mapped.update(line.split(None, 5)[5].strip() for line in maps.read_text().splitlines() if "/" in line)
+        except (OSError, IndexError):
+            continue  # the process ended meanwhile, or a line without a path
+    return mapped
+
+
+def remove_orphaned_shm(shm: Path = Path("/dev/shm"), min_age_s: float = 10.0) -> list[str]:
+    """Delete the Python backend's shared-memory regions no live process maps (16 MiB each, left behind by
+    every stub and tritonserver that was killed); a region younger than min_age_s may be one being set up."""
+    mapped, removed, now = mapped_files(), [], time.time()
+    for region in shm.glob(f"{SHM_REGION_PREFIX}*"):
+        try:
+            if str(region) not in mapped and now - region.stat().st_mtime > min_age_s:
+                region.unlink()
+                removed.append(region.name)
+        except OSError:
+            continue  # removed by someone else meanwhile
+    return removed
+
+
+def remove_regions(names: set[str], shm: Path = Path("/dev/shm")) -> None:
+    for name in names:
+        if name.startswith(SHM_REGION_PREFIX):
+            (shm / name).unlink(missing_ok=True)
 
 
 @dataclass
@@ -98,6 +143,7 @@ class StubWatchdog:
     log: Callable[[str], None] = field(default=functools.partial(print, flush=True))
     restarts: list[Restart] = field(default_factory=list)
     expected: Counter = field(default_factory=Counter)
+    regions: set = field(default_factory=set)  # every stub's shared-memory region seen, to remove when Triton exits
     _down: dict = field(default_factory=dict)  # model -> Restart in progress
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -105,7 +151,7 @@ class StubWatchdog:
 
     def start(self) -> StubWatchdog:
         """Call once every model is loaded: the stubs alive now are the count each model must keep."""
-        self.expected = live_stubs(self.server_pid)
+        self.expected = self._live()
         self._thread = threading.Thread(target=self._run, name="stub-watchdog", daemon=True)
         self._thread.start()
         return self
@@ -127,8 +173,13 @@ class StubWatchdog:
         while not self._stop.wait(self.interval_s):
             self.check()
 
+    def _live(self) -> Counter:
+        found = stubs(self.server_pid)
+        self.regions.update(stub.region for stub in found)
+        return Counter(stub.model for stub in found)
+
     def check(self) -> None:
-        live = live_stubs(self.server_pid)
+        live = self._live()
         for model, expected in self.expected.items():
             if live[model] >= expected and model not in self._down:
                 continue
@@ -145,7 +196,7 @@ class StubWatchdog:
                 restart.error = str(exc)[:300]
                 self.log(f"watchdog: reloading {model} failed: {restart.error}")
                 continue
-            if live_stubs(self.server_pid)[model] >= expected:
+            if self._live()[model] >= expected:
                 restart.recovered_at = time.time()
                 with self._lock:
                     del self._down[model]

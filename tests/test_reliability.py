@@ -9,10 +9,13 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 import tritonclient.grpc as grpcclient
@@ -23,6 +26,7 @@ from loadtest import reliability
 from model_repository.generate import generate, python_models
 from model_repository.server import Ports
 from model_repository.settings import load_settings
+from model_repository.watchdog import SHM_REGION_PREFIX
 
 
 @pytest.fixture()
@@ -104,7 +108,116 @@ def test_live_and_ready_endpoints(launcher):
     assert missing.value.code == 404
 
 
-def test_launcher_exits_when_tritonserver_dies(launcher):
-    """A dead tritonserver is not papered over: the launcher exits 128 + signal, so the container restarts."""
-    os.kill(launcher.triton_pid, signal.SIGKILL)
-    assert launcher.process.wait(timeout=30) == 128 + signal.SIGKILL
+def shm_regions() -> set[str]:
+    return {path.name for path in Path("/dev/shm").glob(f"{SHM_REGION_PREFIX}*")}
+
+
+def wait_ready(launcher, timeout_s: float = 90.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status, body = launcher.ready()
+        if status == 200:
+            return body
+        time.sleep(0.2)
+    raise AssertionError(f"/ready not 200 within {timeout_s:.0f} s: {launcher.ready()}")
+
+
+def test_launcher_starts_a_dead_tritonserver_again(launcher):
+    """A dead tritonserver is started again: /ready is 503 meanwhile, the restart is counted on /metrics, the
+    stubs it left are gone and the service answers again."""
+    old_triton = launcher.triton_pid
+    old_stubs = launcher.stub_pids("ensemble")
+    os.kill(old_triton, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while launcher.ready()[0] == 200 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    status, body = launcher.ready()
+    assert status == 503 and "tritonserver is not running" in body["problems"], body
+    assert wait_ready(launcher)["tritonserver_restarts"] == 1
+    assert launcher.triton_pid != old_triton
+    assert "bert_launcher_tritonserver_restarts_total 1" in launcher.metrics()
+    assert not [pid for pid in old_stubs if Path(f"/proc/{pid}").exists()], "the old tritonserver's stubs are gone"
+    with TextClient(f"127.0.0.1:{launcher.ports.grpc}", "grpc") as client:
+        assert client.embed(["after the restart"]).shape == (1, 384)
+    assert launcher.process.poll() is None
+
+
+def test_launcher_gives_up_on_a_crash_loop(settings, repository, tmp_path):
+    crashy = tmp_path / "settings.toml"
+    text, count = re.subn(r"^max_restarts = \d+", "max_restarts = 1", settings.path.read_text(), flags=re.M)
+    assert count == 1
+    crashy.write_text(text)
+    launcher = reliability.Launcher(crashy, repository, Ports.free(), tmp_path / "launcher.log").start()
+    try:
+        os.kill(launcher.triton_pid, signal.SIGKILL)
+        wait_ready(launcher)
+        os.kill(launcher.triton_pid, signal.SIGKILL)
+        assert launcher.process.wait(timeout=60) == 128 + signal.SIGKILL
+    finally:
+        launcher.kill()
+    log = (tmp_path / "launcher.log").read_text()
+    assert "died 2 times within 300 s (server.max_restarts = 1): giving up" in log
+
+
+def stub_pids() -> set[int]:
+    """Every Python-backend stub process on this machine."""
+    found = set()
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if cmdline.read_bytes().split(b"\0")[0].endswith(b"triton_python_backend_stub"):
+                found.add(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_a_second_server_on_the_same_ports_names_the_port_and_leaves_nothing(launcher, repository):
+    stubs_before = stub_pids()
+    command = [sys.executable, "-m", "model_repository.server", "--repository", str(repository), "--host", "127.0.0.1"]
+    for name in ("http", "grpc", "metrics"):
+        command += [f"--{name}-port", str(getattr(launcher.ports, name))]
+    command += ["--health-port", str(Ports.free().health)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1
+    assert f"port {launcher.ports.http} on 127.0.0.1 (server.http_port) is in use" in run.stderr, run.stderr
+    assert stub_pids() <= stubs_before, "the refused server started no stubs"
+    assert launcher.ready()[0] == 200, "and the running one keeps serving"
+
+
+def test_ctrl_c_drains_every_request_in_flight(launcher):
+    """Ctrl-C in the launcher's terminal (SIGINT to its process group) drains like SIGTERM: tritonserver, in a
+    session of its own, does not see it."""
+    texts = [" ".join(["interrupt"] * 200)] * 32
+    outcomes: list[str] = []
+
+    def send() -> None:
+        with TextClient(f"127.0.0.1:{launcher.ports.grpc}", "grpc", timeout_s=60, retry=RetryPolicy(attempts=1)) as c:
+            outcomes.append("ok" if c.embed(texts).shape == (32, 384) else "bad shape")
+
+    threads = [threading.Thread(target=send) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.3)
+    launcher.interrupt()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert outcomes == ["ok"] * 8
+    assert launcher.process.wait(timeout=60) == 0
+
+
+def test_shared_memory_of_a_killed_tritonserver_is_removed(settings, repository, tmp_path):
+    """A tritonserver killed outright cannot remove its stubs' 16 MiB regions in /dev/shm: the launcher does,
+    and what this launcher ran leaves none behind."""
+    before = shm_regions()
+    launcher = reliability.Launcher(settings.path, repository, Ports.free(), tmp_path / "launcher.log").start()
+    try:
+        first = shm_regions() - before
+        assert first, "the running stub's region"
+        os.kill(launcher.triton_pid, signal.SIGKILL)
+        wait_ready(launcher)
+        assert not first & shm_regions(), "the killed server's regions are gone once it was reaped"
+        launcher.terminate()
+        assert launcher.process.wait(timeout=60) == 0
+    finally:
+        launcher.kill()
+    assert shm_regions() <= before, "every region of this launcher's stubs is gone"
