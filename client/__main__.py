@@ -16,8 +16,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m client", description=__doc__)
     parser.add_argument("command", choices=("embed", "classify"))
     parser.add_argument("texts", nargs="+", help='texts to send, or "-" to read one per line from stdin')
-    parser.add_argument("--url", help="host:port (default: from the settings, per protocol)")
-    parser.add_argument("--protocol", choices=PROTOCOLS, default="grpc")
+    parser.add_argument("--url", help="host:port, or http://host:port (default: from the settings, per protocol)")
+    parser.add_argument("--protocol", choices=PROTOCOLS, help="default: the URL's scheme, else grpc")
     parser.add_argument("--model", default="ensemble")
     parser.add_argument("--timeout", type=float, default=30.0, help="deadline per call in seconds, retries included")
     parser.add_argument(

@@ -1,8 +1,11 @@
 """TextClient / AsyncTextClient: texts in, the ensemble's outputs (embeddings, or labels and scores) out.
 
-Both retry a call that failed because the server was unavailable (connection refused or reset, gRPC
-UNAVAILABLE, HTTP 503, a Python stage whose stub died and is being restarted) with exponential backoff and
-full jitter, within one overall deadline per call, so a server restart or a stub restart is ridden out.
+Both retry a call that failed because the server was unavailable (gRPC UNAVAILABLE, HTTP 503, a Python stage
+whose stub died and is being restarted, a server that is stopping) with exponential backoff and full jitter,
+within one overall deadline per call, so a server restart or a stub restart is ridden out. Where nothing has
+ever answered at the URL, a refused connection is given up after connect_timeout_s with a message that says
+so, and a protocol that does not match the port is named. A request with more texts than the model's
+max_batch_size is sent as several, its outputs put back together in order.
 """
 
 from __future__ import annotations
@@ -42,6 +45,38 @@ class ClientError(RuntimeError):
     """The server answered with an error, or stayed unavailable until the deadline."""
 
 
+def split_url(url: str | None, protocol: str | None) -> tuple[str | None, str]:
+    """(host:port, protocol) of a URL given with or without a scheme (http://, grpc://)."""
+    if protocol is not None and protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, not {protocol!r}")
+    if not url or "://" not in url:
+        return url, protocol or "grpc"
+    scheme, rest = url.split("://", 1)
+    scheme = scheme.lower()
+    if scheme not in PROTOCOLS:
+        raise ValueError(f"{url}: the scheme must be http:// or grpc:// (this client speaks no TLS), or none")
+    if protocol and protocol != scheme:
+        raise ValueError(f"{url} is a {scheme} URL, but the protocol asked for is {protocol}")
+    return rest.rstrip("/"), scheme
+
+
+def refused(exc: BaseException) -> bool:
+    """Nothing listens there: the connection was refused."""
+    if isinstance(exc, InferenceServerException):
+        return "connection refused" in str(exc.message() or "").lower()
+    return isinstance(exc, ConnectionRefusedError)
+
+
+def protocol_mismatch(exc: BaseException, protocol: str, url: str) -> str | None:
+    """What to say when the port speaks another protocol than the client (Triton's HTTP and gRPC ports)."""
+    text = str(exc)
+    if protocol == "http" and "Expected HTTP/" in text:
+        return f"{url} does not answer HTTP/1.1 (it sends HTTP/2 frames): is it Triton's gRPC port? Use --protocol grpc"
+    if protocol == "grpc" and "Socket closed" in text:
+        return f"{url} closed the gRPC connection: is it Triton's HTTP port? Use --protocol http, or the gRPC port"
+    return None
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     attempts: int | None = None  # total tries, the first included; None: as many as the deadline allows
@@ -67,7 +102,7 @@ def is_retryable(exc: BaseException) -> bool:
 def model_infer_request(model: str, texts: Sequence[str]) -> bytes:
     """A serialized KServe v2 gRPC ModelInferRequest carrying `texts`: what TextClient sends, as bytes that a
     load generator can build once and send many times (loadtest/locustfile.py, bench/cpu_throughput.py)."""
-    content = b"".join(len(data).to_bytes(4, "little") + data for data in (text.encode() for text in texts))
+    content = b"".join(len(data).to_bytes(4, "little") + data for data in encode_texts(texts))
     request = service_pb2.ModelInferRequest(model_name=model)
     request.inputs.add(name="text", datatype="BYTES", shape=[len(texts), 1])
     request.raw_input_contents.append(content)
@@ -77,12 +112,23 @@ def model_infer_request(model: str, texts: Sequence[str]) -> bytes:
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 
-def text_input(module, texts: Sequence[str]):
+def encode_texts(texts: Sequence[str]) -> list[bytes]:
+    """UTF-8 of each text; ValueError naming the text that has none (a lone surrogate, say)."""
     if isinstance(texts, str):
         raise TypeError("pass a sequence of texts, not one str")
     if not texts:
         raise ValueError("no texts to send")
-    data = np.array([text.encode("utf-8") for text in texts], dtype=np.object_).reshape(-1, 1)
+    encoded = []
+    for index, text in enumerate(texts):
+        try:
+            encoded.append(text.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"text[{index}] {text[:40]!r} is not valid Unicode ({exc.reason})") from None
+    return encoded
+
+
+def text_input(module, texts: Sequence[str]):
+    data = np.array(encode_texts(texts), dtype=np.object_).reshape(-1, 1)
     tensor = module.InferInput("text", list(data.shape), "BYTES")
     tensor.set_data_from_numpy(data)
     return tensor
@@ -94,6 +140,19 @@ def decode_outputs(result, names: Sequence[str]) -> dict[str, np.ndarray]:
         if value is not None and value.dtype == np.object_:
             outputs[name] = np.array([item.decode("utf-8") for item in value.reshape(-1)], dtype=object)
     return outputs
+
+
+def batch_limit(config) -> int:
+    """The model's max_batch_size from its config (gRPC as_json or HTTP dict); 0: the model does not batch."""
+    return int((config.get("config", config)).get("max_batch_size", 0))
+
+
+def chunks(texts: Sequence[str], limit: int) -> list[Sequence[str]]:
+    return [texts[i : i + limit] for i in range(0, len(texts), limit)] if limit else [texts]
+
+
+def join_outputs(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
 
 def output_names(metadata) -> list[str]:
@@ -112,26 +171,36 @@ class _Base:
     def __init__(
         self,
         url: str | None = None,
-        protocol: str = "grpc",
+        protocol: str | None = None,
         model: str = "ensemble",
         timeout_s: float = 30.0,
         retry: RetryPolicy | None = None,
+        connect_timeout_s: float = 3.0,
     ) -> None:
-        if protocol not in PROTOCOLS:
-            raise ValueError(f"protocol must be one of {PROTOCOLS}")
-        self.url = url or default_url(protocol)
-        self.protocol, self.model, self.timeout_s = protocol, model, timeout_s
+        url, self.protocol = split_url(url, protocol)
+        self.url = url or default_url(self.protocol)
+        self.model, self.timeout_s, self.connect_timeout_s = model, timeout_s, connect_timeout_s
         self.retry = retry or RetryPolicy()
         self._outputs: list[str] | None = None
+        self._max_batch: int | None = None
+        self._answered = False  # the server answered once: later refusals are a restart, worth riding out
 
     def _infer_kwargs(self, remaining_s: float) -> dict:
         # gRPC enforces a per-call deadline; the HTTP client's network timeout is set per connection.
         return {"client_timeout": max(remaining_s, 0.001)} if self.protocol == "grpc" else {}
 
-    def _failed(self, exc: BaseException, deadline: float, delay: float | None) -> float:
+    def _failed(self, exc: BaseException, started: float, deadline: float, delay: float | None) -> float:
         """Delay before the next try, or raise ClientError when this failure is final."""
+        mismatch = None if self._answered else protocol_mismatch(exc, self.protocol, self.url)
+        if mismatch:
+            raise ClientError(mismatch) from exc
         if not is_retryable(exc):
             raise ClientError(str(exc)) from exc
+        if refused(exc) and not self._answered and time.monotonic() - started >= self.connect_timeout_s:
+            raise ClientError(
+                f"nothing listens at {self.url} ({self.protocol}): is the server running (`make serve`), and is "
+                f"this its {self.protocol} port? Connections were refused for {self.connect_timeout_s:.0f} s"
+            ) from exc
         if delay is None or time.monotonic() + delay >= deadline:
             raise ClientError(f"server at {self.url} unavailable: {exc}") from exc
         return delay
@@ -143,34 +212,46 @@ class TextClient(_Base):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if self.protocol == "grpc":
-            self._module = grpcclient
+            self._module, self._json = grpcclient, {"as_json": True}
             self._client = grpcclient.InferenceServerClient(self.url, channel_args=GRPC_CHANNEL_ARGS)
         else:
-            self._module = httpclient
+            self._module, self._json = httpclient, {}
             self._client = httpclient.InferenceServerClient(
                 self.url, connection_timeout=self.timeout_s, network_timeout=self.timeout_s
             )
 
     def _call(self, action: Callable[[float], object]):
-        deadline = time.monotonic() + self.timeout_s
+        started = time.monotonic()
+        deadline = started + self.timeout_s
         delays = self.retry.delays()
         while True:
             try:
-                return action(deadline - time.monotonic())
+                result = action(deadline - time.monotonic())
+                self._answered = True
+                return result
             except Exception as exc:
-                time.sleep(self._failed(exc, deadline, next(delays, None)))
+                time.sleep(self._failed(exc, started, deadline, next(delays, None)))
+
+    def _describe(self) -> None:
+        if self._outputs is None:
+            self._outputs = output_names(self._call(lambda _: self._client.get_model_metadata(self.model)))
+            config = self._call(lambda _: self._client.get_model_config(self.model, **self._json))
+            self._max_batch = batch_limit(config)
 
     def output_names(self) -> list[str]:
-        if self._outputs is None:
-            metadata = self._call(lambda _: self._client.get_model_metadata(self.model))
-            self._outputs = output_names(metadata)
+        self._describe()
         return self._outputs
 
     def infer(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
-        names = self.output_names()
+        """Every output by name for `texts`; more texts than the model's max_batch_size go as several requests."""
+        encode_texts(texts)  # a text without UTF-8 is named before anything is sent
+        self._describe()
+        return join_outputs([self._infer_one(part) for part in chunks(texts, self._max_batch)])
+
+    def _infer_one(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
         tensor = text_input(self._module, texts)
         result = self._call(lambda remaining: self._client.infer(self.model, [tensor], **self._infer_kwargs(remaining)))
-        return decode_outputs(result, names)
+        return decode_outputs(result, self._outputs)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         return self.infer(texts)["embedding"]
@@ -191,33 +272,46 @@ class AsyncTextClient(_Base):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if self.protocol == "grpc":
-            self._module = grpcclient
+            self._module, self._json = grpcclient, {"as_json": True}
             self._client = grpcclient_aio.InferenceServerClient(self.url, channel_args=GRPC_CHANNEL_ARGS)
         else:
-            self._module = httpclient
+            self._module, self._json = httpclient, {}
             self._client = httpclient_aio.InferenceServerClient(self.url, conn_timeout=self.timeout_s)
 
     async def _call(self, action):
-        deadline = time.monotonic() + self.timeout_s
+        started = time.monotonic()
+        deadline = started + self.timeout_s
         delays = self.retry.delays()
         while True:
             try:
-                return await asyncio.wait_for(action(deadline - time.monotonic()), deadline - time.monotonic())
+                result = await asyncio.wait_for(action(deadline - time.monotonic()), deadline - time.monotonic())
+                self._answered = True
+                return result
             except Exception as exc:
-                await asyncio.sleep(self._failed(exc, deadline, next(delays, None)))
+                await asyncio.sleep(self._failed(exc, started, deadline, next(delays, None)))
 
-    async def output_names(self) -> list[str]:
+    async def _describe(self) -> None:
         if self._outputs is None:
             self._outputs = output_names(await self._call(lambda _: self._client.get_model_metadata(self.model)))
+            config = await self._call(lambda _: self._client.get_model_config(self.model, **self._json))
+            self._max_batch = batch_limit(config)
+
+    async def output_names(self) -> list[str]:
+        await self._describe()
         return self._outputs
 
     async def infer(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
-        names = await self.output_names()
+        encode_texts(texts)
+        await self._describe()
+        parts = await asyncio.gather(*(self._infer_one(part) for part in chunks(texts, self._max_batch)))
+        return join_outputs(list(parts))
+
+    async def _infer_one(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
         tensor = text_input(self._module, texts)
         result = await self._call(
             lambda remaining: self._client.infer(self.model, [tensor], **self._infer_kwargs(remaining))
         )
-        return decode_outputs(result, names)
+        return decode_outputs(result, self._outputs)
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         return (await self.infer(texts))["embedding"]

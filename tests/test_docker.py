@@ -402,7 +402,9 @@ def test_stage_metrics_never_fail_the_model(monkeypatch, stage, fail_on):
     else:
         model._record(2, np.array([9, 8]))
         model._record(1, np.array([], dtype=np.int64))
-    model.finalize()  # flushes what was counted: the failing update turns the metrics off, once
+    model._metrics.flush()  # what the thread does each second: the failing update turns the metrics off, once
+    model._metrics.flush()
+    model.finalize()
     assert len(fake.warnings) == 1 and "custom metrics off" in fake.warnings[0]
 
 
@@ -433,6 +435,7 @@ def test_stage_metrics_send_histograms_as_cumulative_counters(monkeypatch):
     for value in (1, 3, 3, 9):
         metrics.add({"texts": value, "requests": 2})
     assert sent == {}, "nothing is sent per add()"
+    metrics.flush()
     metrics.close()
     buckets = {le: value for (name, le), value in sent.items() if name == "texts_bucket"}
     assert buckets == {"1": 1, "2": 1, "4": 3, "+Inf": 4}, "cumulative, as Prometheus reads a histogram"
@@ -455,8 +458,9 @@ def image_like_server(settings, repository, tmp_path_factory):
     work = tmp_path_factory.mktemp("image_like")
     ports = Ports.free()
     text = settings.path.read_text()
-    names = ("http_port", "grpc_port", "metrics_port", "health_port")
-    for name, port in zip(names, (ports.http, ports.grpc, ports.metrics, ports.health), strict=True):
+    names = ("http_port", "grpc_port", "metrics_port", "health_port", "triton_http_port")
+    values = (ports.http, ports.grpc, ports.metrics, ports.health, ports.triton_http)
+    for name, port in zip(names, values, strict=True):
         text, count = re.subn(rf"^{name} = \d+", f"{name} = {port}", text, flags=re.M)
         assert count == 1
     (work / "settings.toml").write_text(text)
@@ -493,10 +497,16 @@ def image_like_server(settings, repository, tmp_path_factory):
     process.wait()
 
 
+def triton_process(launcher: int) -> tuple[int, str, list[bytes]]:
+    """The launcher's one child that is not its HTTP front."""
+    (child,) = [child for child in child_processes(launcher) if b"model_repository.front" not in child[2]]
+    return child
+
+
 def test_wrapper_passes_extra_flags_and_the_dashboard_metrics_exist(image_like_server, chart_dashboard_metrics):
     server = image_like_server
-    # The launcher started tritonserver.sh, which exec'd tritonserver: the launcher's one child, the real binary.
-    ((_, _, cmdline),) = child_processes(server.process.pid)
+    # The launcher started tritonserver.sh, which exec'd tritonserver: the real binary.
+    (_, _, cmdline) = triton_process(server.process.pid)
     assert Path(cmdline[0].decode()).name == "tritonserver"
     assert b"--metrics-config=summary_latencies=true" in cmdline
     assert cmdline.index(b"--metrics-config=summary_latencies=true") > cmdline.index(b"--log-verbose=0")
@@ -542,7 +552,7 @@ def test_a_dead_stub_is_reported_and_restarted_while_tritons_ready_says_200(imag
     """Triton 2.51 keeps /v2/health/ready at 200 with a dead stub; the launcher's /ready reports it until its
     watchdog has restarted the stage, and then a real inference (the chart's probe) passes (runs last)."""
     server = image_like_server
-    ((triton, _, _),) = child_processes(server.process.pid)
+    (triton, _, _) = triton_process(server.process.pid)
     (stub,) = stub_processes(triton)["ensemble"]  # the one-stage model: tokenizer and encoder in one stub
     launcher_ready = f"http://127.0.0.1:{server.ports.health}/ready"
     os.kill(stub, signal.SIGKILL)

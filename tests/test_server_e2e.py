@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -57,6 +58,9 @@ def test_concurrent_requests_are_batched(topology_server, sentences):
     with TextClient(server.grpc_url, "grpc") as client, ThreadPoolExecutor(32) as pool:
         results = list(pool.map(lambda text: client.embed([text]), texts))
     assert all(r.shape == (1, 384) for r in results)
+    deadline = time.monotonic() + 5  # Triton counts an execution after its responses went out
+    while (inferences := counts()[0] - before[0]) < len(texts) and time.monotonic() < deadline:
+        time.sleep(0.05)
     inferences, executions = (after - prior for after, prior in zip(counts(), before, strict=True))
     assert inferences == len(texts)
     assert executions < inferences, f"{executions} executions for {inferences} inferences: no dynamic batching"
@@ -98,9 +102,55 @@ def test_invalid_utf8_is_rejected_and_server_keeps_serving(topology_server):
         assert client.embed(["still serving"]).shape == (1, 384)
 
 
-def test_client_gives_up_on_a_dead_server_with_a_clear_error():
-    with pytest.raises(ClientError, match="unavailable"), TextClient("127.0.0.1:9", "grpc", timeout_s=2) as client:
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_client_fails_fast_and_says_so_when_nothing_listens(protocol):
+    import time
+
+    started = time.monotonic()
+    with (
+        pytest.raises(ClientError, match=r"nothing listens at 127.0.0.1:9 \(" + protocol),
+        TextClient("127.0.0.1:9", protocol) as client,
+    ):
         client.embed(["nobody listens on port 9"])
+    assert time.monotonic() - started < 8, "the connect budget (3 s), not the 30 s deadline"
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_client_names_a_port_of_the_other_protocol(server, protocol):
+    other = server.http_url if protocol == "grpc" else server.grpc_url
+    expected = "is it Triton's HTTP port" if protocol == "grpc" else "is it Triton's gRPC port"
+    with pytest.raises(ClientError, match=expected), TextClient(other, protocol) as client:
+        client.embed(["wrong port"])
+
+
+def test_client_takes_urls_with_a_scheme(server):
+    with TextClient(f"http://{server.http_url}/") as http, TextClient(f"grpc://{server.grpc_url}") as grpc:
+        assert http.protocol == "http" and grpc.protocol == "grpc"
+        np.testing.assert_allclose(http.embed(["scheme"]), grpc.embed(["scheme"]), atol=1e-6)
+    with pytest.raises(ValueError, match="is a http URL, but the protocol asked for is grpc"):
+        TextClient(f"http://{server.http_url}", "grpc")
+    with pytest.raises(ValueError, match="no TLS"):
+        TextClient(f"https://{server.http_url}")
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_client_sends_more_texts_than_max_batch_size_as_several_requests(server, settings, sentences, protocol):
+    limit = settings.ensemble.max_batch_size
+    texts = [f"{sentences[i % len(sentences)]} ({i})" for i in range(limit + 44)]
+    with TextClient(url(server, protocol), protocol) as client:
+        together = client.embed(texts)
+        apart = np.concatenate([client.embed(texts[:limit]), client.embed(texts[limit:])])
+    assert together.shape == (limit + 44, 384)
+    np.testing.assert_allclose(together, apart, atol=2e-5)
+
+
+def test_cli_names_a_text_that_is_not_utf8(server):
+    bad = b"caf\xe9 latin-1".decode("utf-8", "surrogateescape")  # what a terminal in another encoding passes
+    run = subprocess.run(
+        [sys.executable, "-m", "client", "embed", "fine", bad, "--url", server.grpc_url],
+        capture_output=True, text=True, errors="surrogateescape", timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 1 and r"text[1] 'caf\udce9 latin-1' is not valid Unicode" in run.stderr, run.stderr
 
 
 @pytest.mark.parametrize(("topology", "protocol"), [("one_stage", "http"), ("two_stage", "grpc")])

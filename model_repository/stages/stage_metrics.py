@@ -2,7 +2,9 @@
 
 Each metric update is a message from the stub to the Triton process (it cost 10-12 % of a stub's time when
 every execute() sent three). So the stages only add to counts held in the stub, and a thread sends what
-accumulated about once a second (FLUSH_INTERVAL_S) and once more when the model unloads.
+accumulated about once a second (FLUSH_INTERVAL_S). At unload the thread stops and nothing more is sent:
+the model's metrics go with it, and a stub still sending while Triton tears down made tritonserver 2.51
+abort on a corrupted heap at its exit timeout.
 
 A histogram is kept the same way, as the counters Prometheus reads a histogram from: <name>_bucket{le=...}
 (cumulative, up to le="+Inf"), <name>_sum and <name>_count, so histogram_quantile() works on it as on any
@@ -107,11 +109,11 @@ class StageMetrics:
             self._off(exc)
 
     def close(self) -> None:
-        """Flush the rest, then drop the metrics before their families (a MetricFamily must outlive them)."""
+        """Stop the thread (after a flush it is in), then drop the metrics before their families (a MetricFamily
+        must outlive them). What was counted in the last second is not sent: the model is unloading."""
         self._stop.set()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
-        self.flush()
         self._counters = {}
         self._families = []
 
