@@ -83,17 +83,33 @@ SEPARATORS = st.one_of(
     st.integers(100, 20_000).map(lambda n: " " * n),
 )
 LONG_TEXTS = st.lists(st.tuples(WORDS, SEPARATORS).map("".join), max_size=120).map("".join)
+# Texts without whitespace: words run together or joined by punctuation, dropped characters and marks, and
+# long runs of one letter (Latin, accented, decomposed, CJK) that no prefix window can cut within.
+RUNS = st.tuples(st.sampled_from(["x", "é", "e\u0301", "中", "ß", "a\x1c"]), st.integers(50, 3000)).map(
+    lambda r: r[0] * r[1]
+)
+JOINERS = st.sampled_from(["", "", ",", "-", "\x0b", "\x1c", "\u0301", "\u200b", "€", "。"])
+UNSPACED_TEXTS = st.lists(st.tuples(st.one_of(WORDS, RUNS), JOINERS).map("".join), max_size=60).map(
+    lambda parts: "".join(parts).translate({ord(c): None for c in WHITESPACE})
+)
 
 
 @settings(max_examples=150, deadline=None, derandomize=True)
 @given(
-    texts=st.lists(LONG_TEXTS, min_size=1, max_size=4),
+    texts=st.lists(st.one_of(LONG_TEXTS, UNSPACED_TEXTS), min_size=1, max_size=4),
     max_tokens=st.integers(8, 32),
     chars_per_token=st.integers(1, 2 * PREFIX_CHARS_PER_TOKEN),
 )
 # Words joined across a dropped character, the prefix length falling on each character of the pattern.
 @example(
     texts=[" " * offset + f"river{char}side " * 100 for char in "\x0b\x0c\x1c\x1f\x85" for offset in range(11)],
+    max_tokens=8,
+    chars_per_token=16,
+)
+# Without whitespace: one long word ([UNK]) then punctuation, CJK, a word-joining control character, a mark.
+@example(
+    texts=["x" * 600 + tail for tail in (",rest", "中文", "\x1cjoined", "\u0301mark", "€sym", "")]
+    + ["é" * 2000 + "[MASK]"],
     max_tokens=8,
     chars_per_token=16,
 )
@@ -123,9 +139,10 @@ def test_prefix_fast_path_encodes_a_batch_in_one_call_and_leftovers_in_one_more(
     encodings = encode_truncated(spy, texts)
     assert [e.ids for e in encodings] == [e.ids for e in tokenizer.encode_batch(texts)]
     first, second = spy.calls
-    assert first[1:3] == texts[1:3], "short texts and texts without whitespace to cut at go whole"
+    assert first[1] == texts[1], "short texts go whole"
+    assert unspaced.startswith(first[2]) and len(first[2]) < prefix_length, "a word too long for WordPiece: its start"
     assert all(
-        text.startswith(cut) and len(cut) < prefix_length for text, cut in ((long, first[0]), (spaced_out, first[3]))
+        text.startswith(cut) and len(cut) <= prefix_length for text, cut in ((long, first[0]), (spaced_out, first[3]))
     )
     assert second == [spaced_out], "only the text whose prefix held too few tokens is encoded again, whole"
 

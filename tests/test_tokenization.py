@@ -101,6 +101,42 @@ def test_long_texts_are_read_from_a_prefix_with_the_whole_texts_ids():
     assert packed_rows(text_tokenizer, texts) == reference_ids(text_tokenizer, texts)
 
 
+def test_texts_without_whitespace_are_read_from_a_bounded_window():
+    """A megabyte without whitespace (CJK, punctuation-joined, one endless word) costs what its kept tokens
+    cost: the Hugging Face tokenizer sees at most two windows of it, and the ids are the whole text's."""
+    max_tokens = 16
+    text_tokenizer = TextTokenizer.from_file(minilm_tokenizer_file(), max_tokens)
+    window = PREFIX_CHARS_PER_TOKEN * max_tokens
+    megabyte = 1 << 20
+    texts = [
+        "中文文本" * (megabyte // 12),
+        "é," * (megabyte // 3),
+        "é" * (megabyte // 2),
+        "ü" * 3000 + "。" + "ö" * 3000,
+    ]
+    calls: list[list[str]] = []
+    inner = text_tokenizer.tokenizer
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(inner, name)
+
+        def encode_batch(self, batch):
+            calls.append(list(batch))
+            return inner.encode_batch(batch)
+
+    text_tokenizer.tokenizer = Spy()
+    ids = packed_rows(text_tokenizer, texts)
+    text_tokenizer.tokenizer = inner
+    assert ids == reference_ids(text_tokenizer, texts)
+    assert len(calls) == 1 and all(len(text) <= 2 * window for text in calls[0]), [len(t) for t in calls[0]]
+    ascii_tokenizer = TextTokenizer.from_file(minilm_tokenizer_file(), max_tokens)
+    ascii_texts = ["a," * (megabyte // 2), "x" * megabyte]
+    spy = SlowSpy(ascii_tokenizer)
+    assert packed_rows(ascii_tokenizer, ascii_texts) == reference_ids(ascii_tokenizer, ascii_texts)
+    assert spy.texts == [], "ASCII without whitespace stays on the ASCII path, which stops at max_tokens"
+
+
 def test_non_ascii_and_added_tokens_go_to_the_hugging_face_tokenizer():
     text_tokenizer = TextTokenizer.from_file(minilm_tokenizer_file(), 32)
     spy = SlowSpy(text_tokenizer)
