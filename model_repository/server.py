@@ -17,7 +17,6 @@ still unloading, their shared memory) is removed with it.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import importlib.util
 import itertools
 import json
@@ -37,6 +36,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from model_repository.front import FrontWorkers
+from model_repository.process_control import die_with_parent, port_problem
 from model_repository.settings import Settings, SettingsError, load_settings
 from model_repository.watchdog import (
     ADMIN_HEADER,
@@ -52,6 +53,15 @@ from model_repository.watchdog import (
 SHM_DEFAULT_BYTES = 16 * 1024 * 1024
 # CPU seconds the stubs may use while the server counts as idle (the metrics threads wake once a second).
 STUB_BUSY_CPU_S = 0.02
+
+
+# Without GPUs for the encoder, Triton need not look for CUDA at all: no pinned host memory pool, no CUDA memory
+# pool, no GPU metrics. A CPU machine's log then holds no CUDA or NVML errors a newcomer reads as failures.
+CPU_ONLY_FLAGS = (
+    "--pinned-memory-pool-byte-size=0",
+    "--cuda-memory-pool-byte-size=0:0",
+    "--allow-gpu-metrics=false",
+)
 
 
 class ServerError(RuntimeError):
@@ -150,11 +160,12 @@ class Ports:
     grpc: int
     metrics: int
     health: int = 0  # the launcher's /ready and /live; 0: not served
+    triton_http: int = 0  # tritonserver's own HTTP on 127.0.0.1 behind the HTTP front on `http`; 0: no front
 
     @classmethod
     def free(cls) -> Ports:
-        """Four ports nothing listens on now (for tests and benchmarks beside a running server)."""
-        sockets = [socket.socket() for _ in range(4)]
+        """Five ports nothing listens on now (for tests and benchmarks beside a running server)."""
+        sockets = [socket.socket() for _ in range(5)]
         for sock in sockets:
             sock.bind(("127.0.0.1", 0))
         ports = [sock.getsockname()[1] for sock in sockets]
@@ -165,7 +176,12 @@ class Ports:
     @classmethod
     def of(cls, settings: Settings) -> Ports:
         server = settings.server
-        return cls(server.http_port, server.grpc_port, server.metrics_port, server.health_port)
+        triton_http = settings.front.triton_http_port if settings.front.workers else 0
+        return cls(server.http_port, server.grpc_port, server.metrics_port, server.health_port, triton_http)
+
+    def triton_http_address(self, host: str) -> tuple[str, int]:
+        """Where tritonserver's own HTTP listens: on loopback behind the front, else on host:http."""
+        return ("127.0.0.1", self.triton_http) if self.triton_http else (host, self.http)
 
 
 def server_command(
@@ -176,6 +192,7 @@ def server_command(
     host: str,
     exit_timeout_s: int,
     admin_key: str | None = None,
+    gpus: tuple[int, ...] = (),
 ) -> list[str]:
     """tritonserver's flags; with admin_key, explicit model control so that the watchdog can reload a stage,
     and the repository API this opens restricted to requests carrying that per-launch key."""
@@ -185,12 +202,13 @@ def server_command(
         f"--http-restricted-api=model-repository:{ADMIN_HEADER}={admin_key}",
         f"--grpc-restricted-protocol=model-repository:{ADMIN_HEADER}={admin_key}",
     ]
+    http_host, http_port = ports.triton_http_address(host)
     return [
         str(binary),
         f"--model-repository={repository}",
         f"--backend-directory={backends}",
-        f"--http-address={host}",
-        f"--http-port={ports.http}",
+        f"--http-address={http_host}",
+        f"--http-port={http_port}",
         f"--grpc-address={host}",
         f"--grpc-port={ports.grpc}",
         f"--metrics-address={host}",
@@ -200,6 +218,7 @@ def server_command(
         f"--exit-timeout-secs={exit_timeout_s}",
         "--log-verbose=0",
         *(control if admin_key else []),
+        *(CPU_ONLY_FLAGS if not gpus else []),
     ]
 
 
@@ -236,12 +255,6 @@ def check_tensorrt_plans(repository: Path, gpu_identity=None, tensorrt_version: 
                     f"refusing {config.name}'s plan on GPU {gpu}: " + "; ".join(problems) + ". Run `make engines` "
                     "on this machine type (the plan is cached per GPU product) and regenerate the repository."
                 )
-
-
-def _die_with_parent() -> None:
-    """In the forked child: Linux sends it SIGKILL when the launcher dies, so no orphaned tritonserver keeps
-    the ports (PR_SET_PDEATHSIG; it fires when the forking thread ends, so start() runs on a long-lived one)."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
 def between_steps(steps: list[str], counts: dict[str, tuple[int, int]]) -> int:
@@ -296,6 +309,7 @@ class TritonServer:
         self.admin_key = secrets.token_urlsafe(24)
         self.process: subprocess.Popen | None = None
         self.watchdog: StubWatchdog | None = None
+        self.front: FrontWorkers | None = None  # the launcher's HTTP front, when it runs one
         self.draining = False
         self.stopping = threading.Event()  # set when a drain begins: ends a restart backoff at once
         self.restarts = Restarts(settings.server.max_restarts, settings.server.restart_window_s)
@@ -306,7 +320,9 @@ class TritonServer:
 
     @property
     def http_url(self) -> str:
-        return f"{self.host}:{self.ports.http}"
+        """tritonserver's own HTTP (behind the front when there is one)."""
+        host, port = self.ports.triton_http_address(self.host)
+        return f"{host}:{port}"
 
     @property
     def grpc_url(self) -> str:
@@ -326,25 +342,28 @@ class TritonServer:
             backends = prepare_backends(self.work_dir, version)
         exit_timeout_s = self.settings.server.exit_timeout_s
         command = server_command(
-            binary, self.repository, backends, self.ports, self.host, exit_timeout_s, self.admin_key
+            binary,
+            self.repository,
+            backends,
+            self.ports,
+            self.host,
+            exit_timeout_s,
+            self.admin_key,
+            self.settings.encoder.gpus,
         )
         return command, env
 
     def check_ports(self) -> None:
         """Refuse, naming the port and its setting, when something already listens on one of Triton's ports
         (a second `make serve`, say): otherwise tritonserver starts its stubs and only then fails."""
-        for name in ("http", "grpc", "metrics"):
-            port = getattr(self.ports, name)
-            with socket.socket() as probe:
-                # As a server binds: connections of a previous tritonserver in TIME_WAIT do not count, a listener does.
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    probe.bind((self.host, port))
-                except OSError as exc:
-                    raise ServerError(
-                        f"port {port} on {self.host} (server.{name}_port) is in use ({exc.strerror}): "
-                        "is another server running? Stop it, or choose other ports in the settings"
-                    ) from None
+        http_host, http_port = self.ports.triton_http_address(self.host)
+        setting = "front.triton_http_port" if self.ports.triton_http else "server.http_port"
+        checks = [(http_host, http_port, setting)]
+        checks += [(self.host, getattr(self.ports, name), f"server.{name}_port") for name in ("grpc", "metrics")]
+        for host, port, setting in checks:
+            problem = port_problem(host, port, setting)
+            if problem:
+                raise ServerError(problem)
 
     def start(self, timeout_s: float = 180.0) -> TritonServer:
         self.started = False
@@ -352,7 +371,13 @@ class TritonServer:
         self.check_ports()
         # A session of its own: a terminal's Ctrl-C reaches the launcher only (which drains), and every process
         # Triton starts (the stubs) is in its process group, so reap() can end what outlives it.
-        spawn = {"env": env, "preexec_fn": _die_with_parent, "start_new_session": True}
+        spawn = {"env": env, "preexec_fn": die_with_parent, "start_new_session": True}
+        if not self.settings.encoder.gpus:
+            print(
+                "launcher: CPU only (encoder.gpus is empty): Triton still logs one line"
+                ' "CudaDriverHelper has not been initialized." here; it is harmless',
+                flush=True,
+            )
         if self.log_path is None:
             self.process = subprocess.Popen(command, **spawn)
         else:
@@ -400,6 +425,7 @@ class TritonServer:
         if not self._http_ok("/v2/health/ready"):
             problems.append("tritonserver is not ready")
         problems += self.watchdog.problems() if self.watchdog else []
+        problems += self.front.problems() if self.front else []
         return not problems, problems
 
     def drain(self, quiet_s: float = 1.0) -> None:
@@ -429,6 +455,13 @@ class TritonServer:
             time.sleep(0.1)
         if self.process and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
+            # Triton has exit_timeout_s to finish; one that crashed in its own shutdown can hang in its signal
+            # handler (seen: SIGSEGV and SIGABRT after "Exit timeout expired"), so it gets SIGKILL after that.
+            try:
+                self.process.wait(timeout=self.settings.server.exit_timeout_s + 10)
+            except subprocess.TimeoutExpired:
+                print("launcher: tritonserver did not exit after SIGTERM; killing it", flush=True)
+                self.process.kill()
 
     def _get_json(self, path: str) -> dict | None:
         try:
@@ -495,13 +528,10 @@ class HealthEndpoint(ThreadingHTTPServer):
 
     def __init__(self, server: TritonServer) -> None:
         self.triton = server
-        try:
-            super().__init__((server.host, server.ports.health), _HealthHandler)
-        except OSError as exc:
-            raise ServerError(
-                f"port {server.ports.health} on {server.host} (server.health_port) is in use ({exc.strerror}): "
-                "is another server running? Stop it, or choose other ports in the settings"
-            ) from None
+        problem = port_problem(server.host, server.ports.health, "server.health_port")
+        if problem:
+            raise ServerError(problem)
+        super().__init__((server.host, server.ports.health), _HealthHandler)
 
 
 def launcher_metrics(triton: TritonServer) -> str:
@@ -515,6 +545,9 @@ def launcher_metrics(triton: TritonServer) -> str:
         "# HELP bert_launcher_stub_restarts_total Reloads of a Python model after one of its stubs died",
         "# TYPE bert_launcher_stub_restarts_total counter",
         *(f'bert_launcher_stub_restarts_total{{model="{model}"}} {count}' for model, count in sorted(stubs.items())),
+        "# HELP bert_launcher_front_restarts_total Times the launcher started a dead HTTP front worker again",
+        "# TYPE bert_launcher_front_restarts_total counter",
+        f"bert_launcher_front_restarts_total {triton.front.restarts if triton.front else 0}",
         "# HELP bert_launcher_ready Whether the launcher's /ready answers 200",
         "# TYPE bert_launcher_ready gauge",
         f"bert_launcher_ready {int(triton.health()[0])}",
@@ -581,7 +614,9 @@ def supervise(server: TritonServer) -> int:
             print(f"launcher: tritonserver did not come back: {exc}", flush=True)
         else:
             print(
-                f"tritonserver ready: HTTP {server.http_url}, gRPC {server.grpc_url}, metrics {server.host}:"
+                f"tritonserver ready: HTTP {server.host}:{server.ports.http}"
+                f"{f' (front; tritonserver {server.http_url})' if server.front else ''}, "
+                f"gRPC {server.grpc_url}, metrics {server.host}:"
                 f"{server.ports.metrics}, launcher /ready, /live and /metrics on {server.host}:{server.ports.health}",
                 flush=True,
             )
@@ -616,13 +651,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", help="bind address (default: server.host from the settings)")
     for name in ("http", "grpc", "metrics", "health"):
         parser.add_argument(f"--{name}-port", type=int, help=f"default: server.{name}_port from the settings")
+    parser.add_argument("--triton-http-port", type=int, help="default: front.triton_http_port from the settings")
     args = parser.parse_args(argv)
     try:
         settings = load_settings(args.settings)
         defaults = Ports.of(settings)
-        ports = Ports(
-            *(getattr(args, f"{n}_port") or getattr(defaults, n) for n in ("http", "grpc", "metrics", "health"))
-        )
+        names = ("http", "grpc", "metrics", "health", "triton_http")
+        ports = Ports(*(getattr(args, f"{n}_port") or getattr(defaults, n) for n in names))
         server = TritonServer(settings, args.repository, ports, args.host, console_log=True)
         server.command()  # refuse a bad repository or stub interpreter before anything starts
     except (SettingsError, ServerError) as exc:
@@ -645,8 +680,24 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     threading.Thread(target=health.serve_forever, name="health", daemon=True).start()
     try:
+        if ports.triton_http:
+            # Every port before anything starts: a second `make serve` names the busy one and leaves nothing.
+            problem = port_problem(server.host, ports.http, "server.http_port")
+            if problem:
+                print(f"serve failed: {problem}", file=sys.stderr)
+                return 1
+            try:
+                server.check_ports()
+            except ServerError as exc:
+                print(f"serve failed: {exc}", file=sys.stderr)
+                return 1
+            front = settings.front
+            server.front = FrontWorkers(front.workers, server.host, ports.http, ports.triton_http, front.max_body_bytes)
+            server.front.start()
         return supervise(server)
     finally:
+        if server.front:
+            server.front.stop()
         health.shutdown()
 
 

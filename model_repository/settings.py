@@ -93,6 +93,15 @@ class ServerSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class FrontSettings:
+    """The HTTP front (model_repository/front.py) on server.http_port, before tritonserver's own HTTP."""
+
+    workers: int = 1  # processes sharing server.http_port; 0: no front, Triton's HTTP on server.http_port itself
+    max_body_bytes: int = 16 << 20  # a larger HTTP body gets 413 before tritonserver sees it
+    triton_http_port: int = 8010  # tritonserver's HTTP behind the front, on 127.0.0.1 only
+
+
+@dataclasses.dataclass(frozen=True)
 class LoadTestSettings:
     """The acceptance bar `python -m loadtest` holds a deployment to; its flags override each value."""
 
@@ -116,6 +125,7 @@ class Settings:
     postprocess: StageSettings
     ensemble: EnsembleSettings
     server: ServerSettings
+    front: FrontSettings
     tensorrt: TensorRTSettings
     loadtest: LoadTestSettings
     path: Path
@@ -221,6 +231,9 @@ def _check(settings: Settings) -> None:
         raise SettingsError("server needs watchdog_interval_s >= 0 and exit_timeout_s >= 1")
     if server.max_restarts < 0 or server.restart_window_s <= 0:
         raise SettingsError("server needs max_restarts >= 0 and restart_window_s > 0")
+    front = settings.front
+    if front.workers < 0 or front.max_body_bytes < settings.tokenizer.max_request_bytes:
+        raise SettingsError("front needs workers >= 0 and max_body_bytes >= tokenizer.max_request_bytes")
     _check_loadtest(settings.loadtest, settings.ensemble.max_batch_size)
 
 
@@ -267,7 +280,7 @@ def load_settings(path: str | Path | None = None, overrides: tuple[str, ...] | l
         raise SettingsError(f"cannot read settings {path}: {exc}") from None
     for override in overrides:
         apply_override(raw, override)
-    known = {"model", "engine", "tokenizer", "encoder", "postprocess", "ensemble", "server", "tensorrt", "loadtest"}
+    known = {f.name for f in dataclasses.fields(Settings)} - {"path"}
     unknown = set(raw) - known
     if unknown:
         raise SettingsError(f"unknown sections: {', '.join(sorted(unknown))}")
@@ -281,6 +294,7 @@ def load_settings(path: str | Path | None = None, overrides: tuple[str, ...] | l
         postprocess=_section(StageSettings, raw, "postprocess"),
         ensemble=_section(EnsembleSettings, raw, "ensemble"),
         server=_section(ServerSettings, raw, "server"),
+        front=_section(FrontSettings, raw, "front"),
         tensorrt=_section(TensorRTSettings, raw, "tensorrt"),
         loadtest=_section(LoadTestSettings, raw, "loadtest"),
         path=path,

@@ -415,7 +415,7 @@ def test_object_store_runs_tritonserver_with_the_launchers_flags(chart):
         Path("/opt/tritonserver/bin/tritonserver"),
         Path("/repository"),
         Path("/opt/tritonserver/backends"),
-        Ports.of(settings),
+        dataclasses.replace(Ports.of(settings), triton_http=0),  # and no HTTP front: Triton's HTTP is the port
         "0.0.0.0",
         settings.server.exit_timeout_s,
     )[1:]

@@ -1,0 +1,28 @@
+"""What the launcher's child processes share: they die with it, and a busy port is named before they start."""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import socket
+
+
+def die_with_parent() -> None:
+    """In a forked child: Linux sends it SIGKILL when the launcher dies, so no orphan keeps the ports
+    (PR_SET_PDEATHSIG; it fires when the forking thread ends, so children are started on long-lived threads)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
+def port_problem(host: str, port: int, setting: str) -> str | None:
+    """Why port cannot be served on host (something listens there), naming its setting; None when it is free."""
+    with socket.socket() as probe:
+        # As a server binds: connections of a previous server in TIME_WAIT do not count, a listener does.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return (
+                f"port {port} on {host} ({setting}) is in use ({exc.strerror}): "
+                "is another server running? Stop it, or choose other ports in the settings"
+            )
+    return None
