@@ -2,13 +2,15 @@
 
 e2e_bench.json -> per server (settings file): latency vs throughput over the one-text shapes, and the CPU
 microseconds per request of each process kind; engine_bench.json -> sequences/s vs batch size, engine vs
-baseline; cpu_throughput JSON -> texts/s of each load shape against sentence-transformers.
+baseline; cpu_throughput JSON -> texts/s of each load shape against sentence-transformers; front_cost.json
+-> requests/s through the HTTP front and to tritonserver directly. Other JSON (reliability) is named and skipped.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 
 import matplotlib
@@ -86,14 +88,41 @@ def plot_engine(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def plot_front_cost(result: dict, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    shapes = list(result["results"])
+    for offset, route in ((-0.2, "front"), (0.2, "tritonserver")):
+        rates = [statistics.mean(run["rps"] for run in result["results"][shape][route]) for shape in shapes]
+        ax.bar([i + offset for i in range(len(shapes))], rates, width=0.4, label=route)
+    ax.set_xticks(range(len(shapes)), shapes)
+    ax.set(ylabel="requests/s (mean of rounds)", yscale="log", title="HTTP through the front vs tritonserver's own")
+    ax.legend()
+    fig.suptitle(f"{result['machine']} · {result['date'][:10]} · {result['command']}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+PLOTS = {
+    "e2e_bench": plot_e2e,
+    "cpu_throughput": plot_cpu_throughput,
+    "engine_bench": plot_engine,
+    "front_cost": plot_front_cost,
+}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.plot", description=__doc__)
     parser.add_argument("results", nargs="+", type=Path)
     for path in parser.parse_args(argv).results:
         result = json.loads(path.read_text())
         out = path.with_suffix(".png")
-        plot = {"e2e_bench": plot_e2e, "cpu_throughput": plot_cpu_throughput}.get(result.get("benchmark"), plot_engine)
-        plot(result, out)
+        # engine_bench.json files of before 2026-12-01 carry no "benchmark" key
+        kind = result.get("benchmark", "engine_bench" if "engine" in result else None)
+        if kind not in PLOTS:
+            print(f"{path}: no plot for benchmark {kind!r} (plots: {', '.join(PLOTS)})")
+            continue
+        PLOTS[kind](result, out)
+        plt.close("all")
         print(f"wrote {out}")
 
 

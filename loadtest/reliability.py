@@ -2,12 +2,18 @@
 
 Starts the real launcher (`python -m model_repository.server`: tritonserver, stub watchdog, /ready, drain on
 SIGTERM) on free ports and keeps a closed-loop load on it through client.TextClient (retries with backoff and
-jitter within a deadline), with a share of bad requests (a batch over max_batch_size), through phases:
+jitter within a deadline), with a share of bad requests (a text over tokenizer.max_text_bytes), through phases:
 
-  steady          nothing happens
-  restart         SIGTERM the launcher (Triton drains), then start a new one on the same ports
-  kill-MODEL      SIGKILL one stub process of each Python model in turn (one_stage: ensemble; two_stage:
-                  tokenizer, encoder); the watchdog reloads it
+  steady              nothing happens
+  restart             SIGTERM the launcher (Triton drains), then start a new one on the same ports
+  crash-tritonserver  SIGKILL tritonserver (as its 2.51 segfaults end it); the launcher starts it again
+  oversized-bodies    HTTP bodies over front.max_body_bytes, each content type, to an existing and an unknown
+                      model, and a form-typed 5 MB body (the one that crashes tritonserver 2.51 directly)
+  kill-MODEL          SIGKILL one stub process of each Python model in turn (one_stage: ensemble; two_stage:
+                      tokenizer, encoder); the watchdog reloads it
+
+A phase is phase_s / 2 of load, the event (as long as it takes: its recovery time is in the table), and
+phase_s / 2 more; its "seconds" says how long it ran in all.
 
 For each phase: requests sent, succeeded, refused by kind, lost (sent without any answer once the load
 stopped: must be 0) and the longest time without a successful response; for the faults, how long until
@@ -67,8 +73,8 @@ class Launcher:
     def start(self, timeout_s: float = 180.0) -> Launcher:
         command = [sys.executable, "-m", "model_repository.server", "--settings", str(self.settings_path)]
         command += ["--repository", str(self.repository), "--host", "127.0.0.1"]
-        for name in ("http", "grpc", "metrics", "health"):
-            command += [f"--{name}-port", str(getattr(self.ports, name))]
+        for name in ("http", "grpc", "metrics", "health", "triton_http"):
+            command += [f"--{name.replace('_', '-')}-port", str(getattr(self.ports, name))]
         with self.log_path.open("ab") as log:
             # A process group of its own, as a terminal's job gets: interrupt() is what Ctrl-C there sends.
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -98,6 +104,13 @@ class Launcher:
     def stub_pids(self, model: str) -> list[int]:
         return stub_processes(self.triton_pid).get(model, [])
 
+    def expected_stubs(self, model: str) -> int:
+        """Stubs `model` runs: its instance groups' counts (per GPU listed), from Triton's model config."""
+        url = f"http://127.0.0.1:{self.ports.http}/v2/models/{model}/config"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            groups = json.loads(response.read()).get("instance_group", [])
+        return sum(group.get("count", 1) * max(1, len(group.get("gpus", []))) for group in groups)
+
     def terminate(self) -> None:
         self.process.send_signal(signal.SIGTERM)
 
@@ -115,14 +128,19 @@ class Launcher:
             self.process.wait()
 
 
+# Content types tritonserver's HTTP reads an inference body with (none at all is what some clients send).
+CONTENT_TYPES = [None, "application/json", "application/octet-stream", "application/x-www-form-urlencoded"]
+PHASES = ["steady", "restart", "crash-tritonserver", "oversized-bodies"]  # then kill-<model> per Python model
+
+
 @dataclass
 class Load:
-    """`users` threads, each a TextClient in a closed loop; every `bad_every`-th request is a batch over the
-    ensemble's max_batch_size (refused with INVALID_ARGUMENT)."""
+    """`users` threads, each a TextClient in a closed loop; every `bad_every`-th request carries a text over
+    tokenizer.max_text_bytes (refused with INVALID_ARGUMENT before it is decoded)."""
 
     url: str
     users: int
-    max_batch_size: int
+    max_text_bytes: int
     timeout_s: float = 30.0
     bad_every: int = 50
     phase: str = "steady"
@@ -135,6 +153,7 @@ class Load:
 
     def start(self) -> Load:
         texts = load_text()
+        self._too_long = "a " * (self.max_text_bytes // 2 + 1)
         for user in range(self.users):
             thread = threading.Thread(target=self._user, args=(user, texts), daemon=True)
             thread.start()
@@ -147,7 +166,7 @@ class Load:
         while not self._stop.is_set():
             count += 1
             bad = count % self.bad_every == 0
-            batch = texts[: self.max_batch_size + 1] if bad else [texts[(user * 7919 + count) % len(texts)]]
+            batch = [self._too_long] if bad else [texts[(user * 7919 + count) % len(texts)]]
             phase = self.phase
             with self._lock:
                 self.sent[phase] += 1
@@ -194,17 +213,69 @@ def kill_stub(launcher: Launcher, model: str, timeout_s: float = 120.0) -> dict:
             saw_unready, problems = True, body.get("problems", problems)
         elif status == 200 and saw_unready:
             restarts = [r for r in body.get("stub_restarts", []) if r["model"] == model]
+            ready_again_s = round(time.monotonic() - killed, 3)
+            # The old version's stubs are still exiting when the new one is ready: count once they are gone.
+            expected, settle = launcher.expected_stubs(model), time.monotonic() + 30
+            while len(launcher.stub_pids(model)) != expected and time.monotonic() < settle:
+                time.sleep(0.1)
             return {
                 "model": model,
                 "killed_pid": before[0],
                 "ready_503_seen": True,
                 "problems_reported": problems,
-                "ready_again_s": round(time.monotonic() - killed, 3),
+                "ready_again_s": ready_again_s,
                 "watchdog_reload_s": restarts[-1]["seconds"] if restarts else None,
                 "stubs_after": len(launcher.stub_pids(model)),
+                "stubs_expected": expected,
             }
         time.sleep(0.02)
     raise RuntimeError(f"{model}: /ready did not go 503 and back to 200 within {timeout_s:.0f} s")
+
+
+def crash_tritonserver(launcher: Launcher, timeout_s: float = 180.0) -> dict:
+    """SIGKILL tritonserver (as a segfault would end it); the launcher starts it again: until /ready is 200."""
+    old = launcher.triton_pid
+    os.kill(old, signal.SIGKILL)
+    killed = time.monotonic()
+    while launcher.ready()[0] == 200 and time.monotonic() - killed < 10:
+        time.sleep(0.01)
+    while launcher.ready()[0] != 200:
+        if time.monotonic() - killed > timeout_s:
+            raise RuntimeError(f"tritonserver was not started again within {timeout_s:.0f} s")
+        time.sleep(0.05)
+    return {
+        "killed_pid": old,
+        "ready_again_s": round(time.monotonic() - killed, 3),
+        "tritonserver_restarts": launcher.ready()[1].get("tritonserver_restarts"),
+    }
+
+
+def oversized_bodies(launcher: Launcher, max_body_bytes: int) -> dict:
+    """HTTP bodies over front.max_body_bytes with each content type Triton reads, to an existing and an
+    unknown model, and the body that crashes tritonserver 2.51 when it reaches it (form-typed, over 4 MiB):
+    what each was answered, and whether tritonserver lived through them."""
+    triton = launcher.triton_pid
+    answers: Counter = Counter()
+    sent = [(b"x" * (max_body_bytes + 1), content_type) for content_type in CONTENT_TYPES]
+    sent.append((b"x" * (5 << 20), "application/x-www-form-urlencoded"))
+    for body, content_type in sent:
+        for model in ("ensemble", "no_such_model"):
+            headers = {"Content-Type": content_type} if content_type else {}
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{launcher.ports.http}/v2/models/{model}/infer", body, headers, method="POST"
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=60) as response:
+                    answers[response.status] += 1
+            except urllib.error.HTTPError as exc:
+                answers[exc.code] += 1
+            except OSError as exc:
+                answers[type(exc).__name__] += 1
+    return {
+        "bodies": len(sent) * 2,
+        "answers": {str(status): count for status, count in sorted(answers.items(), key=str)},
+        "tritonserver_survived": launcher.triton_pid == triton,
+    }
 
 
 def restart(launcher: Launcher, timeout_s: float = 180.0) -> tuple[Launcher, dict]:
@@ -226,10 +297,10 @@ def run(settings_path: Path, repository: Path, out: Path, users: int, phase_s: f
     out.mkdir(parents=True, exist_ok=True)
     ports = Ports.free()
     launcher = Launcher(settings_path, repository, ports, out / "launcher.log").start()
-    load = Load(f"127.0.0.1:{ports.grpc}", users, settings.ensemble.max_batch_size).start()
+    load = Load(f"127.0.0.1:{ports.grpc}", users, settings.tokenizer.max_text_bytes).start()
     phases, started = {}, time.monotonic()
     try:
-        for phase in ["steady", "restart", *(f"kill-{model}" for model in python_models(settings))]:
+        for phase in PHASES + [f"kill-{model}" for model in python_models(settings)]:
             load.phase, start = phase, time.monotonic()
             event: dict = {}
             time.sleep(phase_s / 2)
@@ -237,6 +308,10 @@ def run(settings_path: Path, repository: Path, out: Path, users: int, phase_s: f
                 event = kill_stub(launcher, phase.removeprefix("kill-"))
             elif phase == "restart":
                 launcher, event = restart(launcher)
+            elif phase == "crash-tritonserver":
+                event = crash_tritonserver(launcher)
+            elif phase == "oversized-bodies":
+                event = oversized_bodies(launcher, settings.front.max_body_bytes)
             time.sleep(phase_s / 2)
             phases[phase] = {"event": event, "start": start, "end": time.monotonic()}
     finally:
@@ -258,7 +333,7 @@ def run(settings_path: Path, repository: Path, out: Path, users: int, phase_s: f
         "command": "python -m loadtest.reliability " + " ".join(sys.argv[1:]),
         "settings": str(settings_path),
         "users": users,
-        "bad_request_share": f"1 in {load.bad_every} (a batch of max_batch_size + 1 texts)",
+        "bad_request_share": f"1 in {load.bad_every} (a text of max_text_bytes + 1 bytes)",
         "wall_s": round(time.monotonic() - started, 1),
         "phases": phases,
         "total": total,
@@ -274,6 +349,11 @@ def print_table(result: dict) -> None:
         recovery = ""
         if "watchdog_reload_s" in event:
             recovery = f"/ready 200 again after {event['ready_again_s']:.2f} s (reload {event['watchdog_reload_s']} s)"
+        elif "tritonserver_restarts" in event:
+            recovery = f"tritonserver started again, /ready 200 after {event['ready_again_s']:.2f} s"
+        elif "bodies" in event:
+            survived = "tritonserver survived" if event["tritonserver_survived"] else "TRITONSERVER DIED"
+            recovery = f"{event['bodies']} bodies answered {event['answers']}; {survived}"
         elif "drain_s" in event:
             recovery = f"drained in {event['drain_s']:.2f} s, new server ready after {event['ready_again_s']:.2f} s"
         gap = phase["longest_gap_without_success_s"]
