@@ -33,8 +33,9 @@ from bench.gpu_sampler import GpuSampler
 from loadtest.corpus import load_text
 from loadtest.triton_stats import model_stats, stage_breakdown
 from model_repository.generate import generate
-from model_repository.server import Ports, TritonServer
+from model_repository.server import TritonServer
 from model_repository.settings import Settings, load_settings
+from model_repository.triton_command import Ports
 from model_repository.watchdog import stub_processes
 
 

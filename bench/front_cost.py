@@ -24,8 +24,8 @@ import aiohttp
 
 from loadtest.corpus import load_text
 from loadtest.reliability import Launcher
-from model_repository.server import Ports
 from model_repository.settings import load_settings
+from model_repository.triton_command import Ports
 from model_repository.watchdog import child_processes, process_cpu_s
 
 

@@ -68,7 +68,7 @@ RUN if ! python3 -c "import tomllib" 2> /dev/null; then \
         --shell /usr/sbin/nologin bert
 
 # TRITONSERVER_BIN + TRITON_BACKENDS_DIR make the launcher use the image's tritonserver and backends
-# (model_repository/server.py prebuilt_triton). HOME=/tmp: caches (OpenAI Triton kernels for torch_gpu) go
+# (model_repository/triton_install.py prebuilt_triton). HOME=/tmp: caches (OpenAI Triton kernels for torch_gpu) go
 # to a writable emptyDir when the root filesystem is read-only.
 ENV PYTHONPATH=/opt/bert-triton \
     PYTHONDONTWRITEBYTECODE=1 \

@@ -42,8 +42,8 @@ from pathlib import Path
 from client.core import ClientError, RetryPolicy, TextClient
 from loadtest.corpus import load_text
 from model_repository.generate import python_models
-from model_repository.server import Ports
 from model_repository.settings import load_settings
+from model_repository.triton_command import Ports
 from model_repository.watchdog import child_processes, stub_processes
 
 

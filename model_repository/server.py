@@ -1,8 +1,7 @@
 """python -m model_repository.server: run NVIDIA's real tritonserver (from the nvidia-pytriton wheel).
 
-The Python backend's stub embeds the `python3` found first on PATH, so the launcher puts this
-interpreter's folder first and refuses to start when that interpreter has numpy >= 2: Triton 2.51's stub
-then silently reads every numeric input element as element 0 and crashes on strings.
+Where tritonserver comes from and what is checked before it starts: triton_install.py; its command line:
+triton_command.py; the launcher's /ready, /live and /metrics: health.py; the HTTP front: front.py.
 
 The launcher stays tritonserver's parent: it starts tritonserver again when it dies (bounded backoff, at most
 server.max_restarts within server.restart_window_s, then it exits non-zero), restarts a Python stage whose
@@ -17,14 +16,11 @@ still unloading, their shared memory) is removed with it.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import itertools
 import json
 import os
 import secrets
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -33,14 +29,23 @@ import urllib.error
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from model_repository.front import FrontWorkers
+from model_repository.health import HealthEndpoint
 from model_repository.process_control import die_with_parent, port_problem
 from model_repository.settings import Settings, SettingsError, load_settings
+from model_repository.triton_command import Ports, server_command
+from model_repository.triton_install import (
+    ServerError,
+    check_stub_python,
+    check_tensorrt_plans,
+    prebuilt_triton,
+    prepare_backends,
+    stub_environment,
+    triton_home,
+)
 from model_repository.watchdog import (
-    ADMIN_HEADER,
     StubWatchdog,
     remove_orphaned_shm,
     remove_regions,
@@ -48,213 +53,8 @@ from model_repository.watchdog import (
     stubs_cpu_s,
 )
 
-# Python backend shared-memory pool per model instance: large enough for a full dynamic batch of
-# token ids and embeddings without growing it request by request.
-SHM_DEFAULT_BYTES = 16 * 1024 * 1024
 # CPU seconds the stubs may use while the server counts as idle (the metrics threads wake once a second).
 STUB_BUSY_CPU_S = 0.02
-
-
-# Without GPUs for the encoder, Triton need not look for CUDA at all: no pinned host memory pool, no CUDA memory
-# pool, no GPU metrics. A CPU machine's log then holds no CUDA or NVML errors a newcomer reads as failures.
-CPU_ONLY_FLAGS = (
-    "--pinned-memory-pool-byte-size=0",
-    "--cuda-memory-pool-byte-size=0:0",
-    "--allow-gpu-metrics=false",
-)
-
-
-class ServerError(RuntimeError):
-    """tritonserver cannot be started as asked."""
-
-
-def _package_dir(name: str) -> Path:
-    spec = importlib.util.find_spec(name)
-    if spec is None or not spec.submodule_search_locations:
-        raise ServerError(f"{name} is not installed: pip install nvidia-pytriton==0.7.0 (run `make setup`)")
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def triton_home() -> Path:
-    """Folder with bin/tritonserver, backends/ and python_backend_stubs/ from the nvidia-pytriton wheel."""
-    return _package_dir("pytriton") / "tritonserver"
-
-
-def triton_libs() -> Path:
-    return _package_dir("pytriton").parent / "nvidia_pytriton.libs"
-
-
-def prebuilt_triton() -> tuple[Path, Path] | None:
-    """(tritonserver, backends dir) named by TRITONSERVER_BIN and TRITON_BACKENDS_DIR, if both are set.
-
-    For a tritonserver that does not come from the wheel (an unpacked copy on a GPU machine, say): its
-    backends folder must already hold the Python backend with the right stub, and LD_LIBRARY_PATH its libs.
-    """
-    binary, backends = os.environ.get("TRITONSERVER_BIN"), os.environ.get("TRITON_BACKENDS_DIR")
-    return (Path(binary), Path(backends)) if binary and backends else None
-
-
-def stub_environment() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    if prebuilt_triton() is None:
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(triton_libs()), env.get("LD_LIBRARY_PATH")]))
-    return env
-
-
-def numpy_problem(version: str) -> str | None:
-    """Why a numpy version cannot run in the 2.51 stub, or None when it can."""
-    if not version:
-        return "numpy is not importable there"
-    if int(version.split(".")[0]) >= 2:
-        return (
-            f"numpy {version} is installed there; Triton 2.51's Python backend stub needs numpy < 2 "
-            "(with numpy 2 it silently corrupts numeric inputs). Install numpy<2 in that environment: "
-            "pip install 'numpy<2'"
-        )
-    return None
-
-
-def check_stub_python(env: dict[str, str]) -> tuple[str, str]:
-    """(python3 path, X.Y) of the interpreter the stub will embed; raises ServerError if it is unusable."""
-    python = shutil.which("python3", path=env["PATH"])
-    if python is None:
-        raise ServerError("no python3 on PATH for Triton's Python backend stub")
-    probe = subprocess.run(
-        [
-            python,
-            "-c",
-            "import sys; print('%d.%d' % sys.version_info[:2]);\n"
-            "try:\n import numpy; print(numpy.__version__)\nexcept ImportError:\n print('')",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=env,
-    )
-    lines = [*probe.stdout.splitlines(), ""]
-    problem = numpy_problem(lines[1].strip())
-    if problem:
-        raise ServerError(f"refusing to start: the Python backend stub would run {python}, and {problem}")
-    return python, lines[0].strip()
-
-
-def prepare_backends(build_dir: Path, python_version: str) -> Path:
-    """backends/python with the stub built for the interpreter the stub will embed."""
-    home = triton_home()
-    stub = home / "python_backend_stubs" / python_version / "triton_python_backend_stub"
-    if not stub.is_file():
-        raise ServerError(f"nvidia-pytriton ships no Python backend stub for Python {python_version}")
-    backends = build_dir / "triton_backends"
-    python_backend = backends / "python"
-    if python_backend.exists():
-        shutil.rmtree(python_backend)
-    shutil.copytree(home / "backends" / "python", python_backend, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy2(stub, python_backend / "triton_python_backend_stub")
-    return backends
-
-
-@dataclass(frozen=True)
-class Ports:
-    http: int
-    grpc: int
-    metrics: int
-    health: int = 0  # the launcher's /ready and /live; 0: not served
-    triton_http: int = 0  # tritonserver's own HTTP on 127.0.0.1 behind the HTTP front on `http`; 0: no front
-
-    @classmethod
-    def free(cls) -> Ports:
-        """Five ports nothing listens on now (for tests and benchmarks beside a running server)."""
-        sockets = [socket.socket() for _ in range(5)]
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        ports = [sock.getsockname()[1] for sock in sockets]
-        for sock in sockets:
-            sock.close()
-        return cls(*ports)
-
-    @classmethod
-    def of(cls, settings: Settings) -> Ports:
-        server = settings.server
-        triton_http = settings.front.triton_http_port if settings.front.workers else 0
-        return cls(server.http_port, server.grpc_port, server.metrics_port, server.health_port, triton_http)
-
-    def triton_http_address(self, host: str) -> tuple[str, int]:
-        """Where tritonserver's own HTTP listens: on loopback behind the front, else on host:http."""
-        return ("127.0.0.1", self.triton_http) if self.triton_http else (host, self.http)
-
-
-def server_command(
-    binary: Path,
-    repository: Path,
-    backends: Path,
-    ports: Ports,
-    host: str,
-    exit_timeout_s: int,
-    admin_key: str | None = None,
-    gpus: tuple[int, ...] = (),
-) -> list[str]:
-    """tritonserver's flags; with admin_key, explicit model control so that the watchdog can reload a stage,
-    and the repository API this opens restricted to requests carrying that per-launch key."""
-    control = [
-        "--model-control-mode=explicit",
-        "--load-model=*",
-        f"--http-restricted-api=model-repository:{ADMIN_HEADER}={admin_key}",
-        f"--grpc-restricted-protocol=model-repository:{ADMIN_HEADER}={admin_key}",
-    ]
-    http_host, http_port = ports.triton_http_address(host)
-    return [
-        str(binary),
-        f"--model-repository={repository}",
-        f"--backend-directory={backends}",
-        f"--http-address={http_host}",
-        f"--http-port={http_port}",
-        f"--grpc-address={host}",
-        f"--grpc-port={ports.grpc}",
-        f"--metrics-address={host}",
-        f"--metrics-port={ports.metrics}",
-        f"--backend-config=python,shm-default-byte-size={SHM_DEFAULT_BYTES}",
-        "--strict-readiness=true",
-        f"--exit-timeout-secs={exit_timeout_s}",
-        "--log-verbose=0",
-        *(control if admin_key else []),
-        *(CPU_ONLY_FLAGS if not gpus else []),
-    ]
-
-
-def check_tensorrt_plans(repository: Path, gpu_identity=None, tensorrt_version: str | None = None) -> None:
-    """Refuse a repository whose TensorRT plans were built for another GPU or TensorRT version.
-
-    Triton would otherwise fail deep inside plan deserialization, or serve a plan tuned for another chip.
-    The server's TensorRT version comes from TRT_VERSION, which NGC images set.
-    """
-    import json
-
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2 as mc
-
-    from export.tensorrt_build import gpu_identity as query_gpu
-    from export.tensorrt_build import plan_problems
-
-    for config_path in sorted(repository.glob("*/config.pbtxt")):
-        config = text_format.Parse(config_path.read_text(), mc.ModelConfig())
-        if config.platform != "tensorrt_plan":
-            continue
-        sidecar_path = config_path.parent / "1" / (config.default_model_filename + ".json")
-        if not sidecar_path.is_file():
-            raise ServerError(f"{sidecar_path} is missing: a plan without its build record is not served")
-        sidecar = json.loads(sidecar_path.read_text())
-        version = tensorrt_version or os.environ.get("TRT_VERSION")
-        if not version:
-            raise ServerError("cannot tell this server's TensorRT version: set TRT_VERSION (NGC images set it)")
-        gpus = sorted({gpu for group in config.instance_group for gpu in group.gpus}) or [0]
-        for gpu in gpus:
-            problems = plan_problems(sidecar, (gpu_identity or query_gpu)(gpu), version)
-            if problems:
-                raise ServerError(
-                    f"refusing {config.name}'s plan on GPU {gpu}: " + "; ".join(problems) + ". Run `make engines` "
-                    "on this machine type (the plan is cached per GPU product) and regenerate the repository."
-                )
 
 
 def between_steps(steps: list[str], counts: dict[str, tuple[int, int]]) -> int:
@@ -518,76 +318,6 @@ class TritonServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-class HealthEndpoint(ThreadingHTTPServer):
-    """GET /ready (200 or 503 with the problems), /live (200 while tritonserver runs), both JSON, and /metrics
-    (Prometheus text: the launcher's restarts of tritonserver and of stages)."""
-
-    daemon_threads = True
-
-    def __init__(self, server: TritonServer) -> None:
-        self.triton = server
-        problem = port_problem(server.host, server.ports.health, "server.health_port")
-        if problem:
-            raise ServerError(problem)
-        super().__init__((server.host, server.ports.health), _HealthHandler)
-
-
-def launcher_metrics(triton: TritonServer) -> str:
-    stubs = Counter(triton.stub_restarts)
-    if triton.watchdog:
-        stubs.update(restart.model for restart in triton.watchdog.restarts)
-    lines = [
-        "# HELP bert_launcher_tritonserver_restarts_total Times the launcher started tritonserver again after it died",
-        "# TYPE bert_launcher_tritonserver_restarts_total counter",
-        f"bert_launcher_tritonserver_restarts_total {triton.restarts.total}",
-        "# HELP bert_launcher_stub_restarts_total Reloads of a Python model after one of its stubs died",
-        "# TYPE bert_launcher_stub_restarts_total counter",
-        *(f'bert_launcher_stub_restarts_total{{model="{model}"}} {count}' for model, count in sorted(stubs.items())),
-        "# HELP bert_launcher_front_restarts_total Times the launcher started a dead HTTP front worker again",
-        "# TYPE bert_launcher_front_restarts_total counter",
-        f"bert_launcher_front_restarts_total {triton.front.restarts if triton.front else 0}",
-        "# HELP bert_launcher_ready Whether the launcher's /ready answers 200",
-        "# TYPE bert_launcher_ready gauge",
-        f"bert_launcher_ready {int(triton.health()[0])}",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-class _HealthHandler(BaseHTTPRequestHandler):
-    server: HealthEndpoint
-
-    def do_GET(self) -> None:
-        triton = self.server.triton
-        if self.path == "/metrics":
-            self._send(200, launcher_metrics(triton).encode(), "text/plain; version=0.0.4")
-            return
-        if self.path == "/ready":
-            ok, problems = triton.health()
-            body = {"ready": ok, "problems": problems}
-        elif self.path == "/live":
-            ok = triton.process is not None and triton.process.poll() is None
-            body = {"live": ok}
-        else:
-            self.send_error(404, "GET /ready, /live or /metrics")
-            return
-        body["tritonserver_restarts"] = triton.restarts.total
-        if triton.watchdog and triton.watchdog.restarts:
-            body["stub_restarts"] = [
-                {"model": r.model, "at": r.detected_at, "seconds": r.seconds} for r in triton.watchdog.restarts
-            ]
-        self._send(200 if ok else 503, json.dumps(body).encode(), "application/json")
-
-    def _send(self, status: int, data: bytes, content_type: str) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args) -> None:  # probes every few seconds would flood the log
-        pass
 
 
 def exit_status(code: int) -> int:

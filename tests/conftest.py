@@ -12,8 +12,9 @@ from export.__main__ import export
 from export.checkpoint import resolve_source
 from export.onnx_export import VALIDATION_SENTENCES
 from model_repository.generate import generate
-from model_repository.server import Ports, TritonServer
+from model_repository.server import TritonServer
 from model_repository.settings import load_settings
+from model_repository.triton_command import Ports
 
 STAGES = Path(__file__).resolve().parent.parent / "model_repository" / "stages"
 sys.path.insert(0, str(STAGES))  # stage modules import each other by bare name, as inside Triton

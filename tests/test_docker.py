@@ -33,8 +33,12 @@ import yaml
 from client import TextClient
 from export import sha256
 from export.tensorrt import read_versions
-from model_repository.server import (
-    Ports,
+from model_repository.settings import ROOT, load_settings
+from model_repository.stages import stage_metrics
+from model_repository.stages.stage_metrics import FLUSH_INTERVAL_S
+from model_repository.stages.tokenization import load_tokenizer
+from model_repository.triton_command import Ports
+from model_repository.triton_install import (
     check_stub_python,
     check_tensorrt_plans,
     prepare_backends,
@@ -42,10 +46,6 @@ from model_repository.server import (
     triton_home,
     triton_libs,
 )
-from model_repository.settings import ROOT, load_settings
-from model_repository.stages import stage_metrics
-from model_repository.stages.stage_metrics import FLUSH_INTERVAL_S
-from model_repository.stages.tokenization import load_tokenizer
 from model_repository.watchdog import child_processes, stub_processes
 
 DOCKER = ROOT / "docker"

@@ -20,8 +20,8 @@ import pytest
 from client.core import TextClient
 from loadtest import reliability
 from model_repository.front import infer_request_problem
-from model_repository.server import Ports
 from model_repository.settings import load_settings
+from model_repository.triton_command import Ports
 
 LIMIT = load_settings().front.max_body_bytes
 CONTENT_TYPES = [None, "application/x-www-form-urlencoded", "application/json", "application/octet-stream"]

@@ -21,8 +21,8 @@ import pytest
 import yaml
 from kubernetes_validate.utils import latest_version
 
-from model_repository.server import SHM_DEFAULT_BYTES, Ports, server_command
 from model_repository.settings import ROOT, load_settings
+from model_repository.triton_command import SHM_DEFAULT_BYTES, Ports, server_command
 
 CHART = ROOT / "helm" / "bert-triton"
 VALUES_DIR = ROOT / "helm" / "values"

@@ -24,8 +24,8 @@ from tritonclient.utils import InferenceServerException
 from client.core import RetryPolicy, TextClient
 from loadtest import reliability
 from model_repository.generate import generate, python_models
-from model_repository.server import Ports
 from model_repository.settings import load_settings
+from model_repository.triton_command import Ports
 from model_repository.watchdog import SHM_REGION_PREFIX
 
 

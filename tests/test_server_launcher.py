@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from model_repository.server import ServerError, check_stub_python, numpy_problem, stub_environment
+from model_repository.triton_install import ServerError, check_stub_python, numpy_problem, stub_environment
 
 
 def test_numpy_versions():

@@ -21,8 +21,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 from export.tensorrt import EngineBuildError, check_onnx, graph_batches, prepare, profiles, read_versions
 from export.tensorrt_build import plan_problems
 from model_repository.generate import generate
-from model_repository.server import ServerError, check_tensorrt_plans
 from model_repository.settings import ROOT
+from model_repository.triton_install import ServerError, check_tensorrt_plans
 
 HAVE_TENSORRT = importlib.util.find_spec("tensorrt") is not None
 HAVE_GPU = (
