@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "model_repository" / "stages"))
 
 from engine import ServingSpec, load_engine, pack_sequences  # noqa: E402
+from torch_gpu_layout import layout_size, pack, token_bucket, views  # noqa: E402
 
 BATCH_SIZES = (1, 8, 32, 128, 512, 1024)
 SIGMA = 0.5
@@ -243,16 +244,16 @@ def diagnose(model_dir, device, base_opts, batch, reps: int = 10) -> dict:
         t0 = time.perf_counter()
         packed, lens = pack_sequences(batch)
         tokens, max_len = int(lens.sum()), int(lens.max())
-        size = eng._layout_size(tokens, n)
+        size = layout_size(tokens, n, eng.tile_block)
         if size > eng._host_in.numel():
             eng._host_in = torch.empty(size, dtype=torch.int32, pin_memory=True)
-        eng._pack(eng._host_in.numpy()[:size], packed, lens, tokens, n)
+        pack(eng._host_in.numpy()[:size], packed, lens, tokens, n, eng.tile_block)
         t1 = time.perf_counter()
         with torch.inference_mode(), torch.cuda.stream(eng.stream):
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             e0.record()
             dev = eng._host_in[:size].to(eng.torch_device, non_blocking=True)
-            ids, cu, tiles = eng._views(dev, tokens, n)
+            ids, cu, tiles = views(dev, tokens, n, eng.tile_block)
             out = eng._encode(ids, cu, tiles, n, max_len)
             e1.record()
             t2 = time.perf_counter()
@@ -459,11 +460,12 @@ def main() -> int:
     results["engine_graphs"] = len(engine._graphs)
     # Host-side packing alone (numpy into the pinned buffer) at the largest batch.
     big, blens = pack_sequences(batch_sets[max(batch_sizes)][0])
-    size = engine._layout_size(engine._token_bucket(int(blens.sum())), len(blens))
+    bucket = token_bucket(int(blens.sum()), engine.buckets_per_octave)
+    size = layout_size(bucket, len(blens), engine.tile_block)
     buf = np.empty(size, dtype=np.int32)
     t0 = time.perf_counter()
     for _ in range(20):
-        engine._pack(buf, big, blens, engine._token_bucket(int(blens.sum())), len(blens))
+        pack(buf, big, blens, bucket, len(blens), engine.tile_block)
     results["host_pack_ms_largest_batch"] = (time.perf_counter() - t0) / 20 * 1e3
     save()
 

@@ -21,13 +21,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "model_repository" / "stages"))
 
 from engine import ServingSpec, load_engine, pack_sequences  # noqa: E402
+from torch_gpu_layout import cpu_chunks, layout_size, pack, token_bucket, views  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device: GPU numerics run on the GPU machine only")
-ENGINE_FILE = ROOT / "model_repository" / "stages" / "engine_torch_gpu.py"
+ENGINE_FILES = sorted((ROOT / "model_repository" / "stages").glob("*torch_gpu*.py"))
 
 
 def _minilm_source() -> Path | None:
@@ -167,16 +168,16 @@ def cpu_engine(minilm_dir):
 # CPU: numerics of the packed code path in fp32
 # ----------------------------------------------------------------------------------------------------------
 def test_engine_imports_no_transformers():
-    """Triton's Python-backend stub cannot import transformers: the engine must not need it."""
-    tree = ast.parse(ENGINE_FILE.read_text())
-    imported = set()
-    for node in ast.walk(tree):
+    """Triton's Python-backend stub cannot import transformers: the engine (all its files) must not need it."""
+    assert len(ENGINE_FILES) == 4, ENGINE_FILES
+    imported, own = set(), {path.stem for path in ENGINE_FILES}
+    for node in ast.walk(ast.Module(body=[n for path in ENGINE_FILES for n in ast.parse(path.read_text()).body])):
         if isinstance(node, ast.Import):
             imported |= {alias.name.split(".")[0] for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
             imported.add(node.module.split(".")[0])
     allowed = {"__future__", "json", "logging", "math", "os", "pathlib", "time", "numpy", "torch", "safetensors"}
-    allowed |= {"engine", "padding", "triton"}
+    allowed |= {"engine", "padding", "triton"} | own
     assert imported <= allowed, f"unexpected imports: {sorted(imported - allowed)}"
 
 
@@ -192,7 +193,7 @@ def test_cpu_bf16_gemms_keep_the_cosine_bar(minilm_dir, token_ids, minilm_refere
 def test_cpu_attention_runs_per_chunk_of_similar_lengths(cpu_engine):
     """The CPU attention pads each length-sorted chunk to its own longest sequence, not the batch's."""
     lens = np.array([3, 200, 4, 5, 190, 6])
-    chunks = cpu_engine._cpu_chunks(lens)
+    chunks = cpu_chunks(lens)
     widths = sorted(real.shape[1] for _, real, _ in chunks)
     assert widths[0] <= 6 and widths[-1] == 200, widths
     covered = np.sort(np.concatenate([targets.numpy() for _, _, targets in chunks]))
@@ -282,10 +283,10 @@ def test_bucket_padding_leaves_rows_unchanged(tmp_path):
     expected = engine.forward(seqs)
     packed, lens = pack_sequences(seqs)
     tokens = len(packed)
-    for t_b, n_b in ((tokens + 37, 8), (engine._token_bucket(tokens), 16)):
-        buf = np.empty(engine._layout_size(t_b, n_b), dtype=np.int32)
-        engine._pack(buf, packed, lens, t_b, n_b)
-        ids, cu, tiles = engine._views(torch.from_numpy(buf), t_b, n_b)
+    for t_b, n_b in ((tokens + 37, 8), (token_bucket(tokens, engine.buckets_per_octave), 16)):
+        buf = np.empty(layout_size(t_b, n_b, engine.tile_block), dtype=np.int32)
+        pack(buf, packed, lens, t_b, n_b, engine.tile_block)
+        ids, cu, tiles = views(torch.from_numpy(buf), t_b, n_b, engine.tile_block)
         with torch.inference_mode():
             out = engine._encode(ids, cu, tiles, n_b, 256).numpy()
         np.testing.assert_allclose(out[: len(seqs)], expected, atol=1e-6, rtol=0)
