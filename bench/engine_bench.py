@@ -1,6 +1,6 @@
 """Engine-only benchmark of engine_torch_gpu on BERT-base against transformers fp16 (SDPA, padded batches).
 
-    python bench/engine_bench.py --out DIR [--variants] [--device cuda:0]
+    python -m bench.engine_bench --out DIR [--variants] [--device cuda:0]
 
 Model: BertConfig() sizes (12 layers, hidden 768, 12 heads, intermediate 3072, vocab 30522) with random
 weights (normal(0, 0.02) as transformers initializes them, seed 0), written as config.json + model.safetensors
@@ -34,11 +34,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "model_repository" / "stages"))
+from model_repository.stages.engine import ServingSpec, load_engine, pack_sequences
+from model_repository.stages.torch_gpu_layout import layout_size, pack, token_bucket, views
 
-from engine import ServingSpec, load_engine, pack_sequences  # noqa: E402
-from torch_gpu_layout import layout_size, pack, token_bucket, views  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 BATCH_SIZES = (1, 8, 32, 128, 512, 1024)
 SIGMA = 0.5

@@ -27,7 +27,7 @@ if [ "${EXPORT:-1}" = 1 ]; then
   tail -4 /tmp/export.log
 fi
 if [ "${ENGINE_BENCH:-1}" = 1 ]; then
-  "$IMAGE_PYTHON" bench/engine_bench.py --out "$OUT" --no-baseline --batch-sizes "$ENGINE_BATCHES" \
+  "$IMAGE_PYTHON" -m bench.engine_bench --out "$OUT" --no-baseline --batch-sizes "$ENGINE_BATCHES" \
     --idle-gaps-ms "${IDLE_GAPS_MS:-}" 2>&1 | tee /tmp/engine_bench.log | tail -14
 fi
 

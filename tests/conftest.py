@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,9 +14,6 @@ from model_repository.generate import generate
 from model_repository.server import TritonServer
 from model_repository.settings import load_settings
 from model_repository.triton_command import Ports
-
-STAGES = Path(__file__).resolve().parent.parent / "model_repository" / "stages"
-sys.path.insert(0, str(STAGES))  # stage modules import each other by bare name, as inside Triton
 
 
 @pytest.fixture(scope="session")

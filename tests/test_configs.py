@@ -40,11 +40,11 @@ def check_stage(config: mc.ModelConfig, stage) -> None:
 
 
 def check_python_model(root: Path, name: str, stage: str) -> None:
-    """The version folder holds every stage module and a model.py that is `stage` under Triton's file name."""
+    """The version folder holds the stages package whole and a model.py that is `stage` under Triton's file name."""
     version = root / name / "1"
     modules = {path.name for path in STAGES.glob("*.py")}
-    assert modules <= {path.name for path in version.iterdir()}
-    assert f"from {stage} import TritonPythonModel" in (version / "model.py").read_text()
+    assert "__init__.py" in modules and modules == {path.name for path in (version / "stages").glob("*.py")}
+    assert f"from stages.{stage} import TritonPythonModel" in (version / "model.py").read_text()
 
 
 def check_repository(root: Path, settings, spec: ServingSpec) -> None:

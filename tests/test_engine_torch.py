@@ -10,18 +10,16 @@ from __future__ import annotations
 import ast
 import importlib.util
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "model_repository" / "stages"))
+from model_repository.stages.engine import ServingSpec, load_engine, pack_sequences
+from model_repository.stages.torch_gpu_layout import cpu_chunks, layout_size, pack, token_bucket, views
 
-from engine import ServingSpec, load_engine, pack_sequences  # noqa: E402
-from torch_gpu_layout import cpu_chunks, layout_size, pack, token_bucket, views  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")

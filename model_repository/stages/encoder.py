@@ -18,10 +18,11 @@ import gc
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from engine import engine_from_args
-from model_args import model_config
-from padding import unpad
-from stage_metrics import StageMetrics, encoder_metrics
+
+from .engine import engine_from_args
+from .model_args import model_config
+from .padding import unpad
+from .stage_metrics import StageMetrics, encoder_metrics
 
 
 class TritonPythonModel:

@@ -1,7 +1,8 @@
 """The small interface every encoder engine implements, and how the encoder stage picks one.
 
-This folder is copied flat into the generated model version directories, which Triton's Python backend
-puts on sys.path; stage modules therefore import each other by bare module name.
+This package is copied whole into each generated model version directory as `stages/` (Triton's Python
+backend puts that directory on sys.path, so model.py imports `stages.<stage>`); its modules import each
+other relatively, so here they are `model_repository.stages.*` and there `stages.*`, one name in each process.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def pack_sequences(sequences: list) -> tuple[np.ndarray, np.ndarray]:
 
 def load_engine(kind: str, model_dir: Path, device: str = "cpu", options: dict | None = None) -> Engine:
     """Imports engine_<kind>.py and builds its `ENGINE` class for the exported model in model_dir."""
-    module = importlib.import_module(f"engine_{kind}")
+    module = importlib.import_module(f".engine_{kind}", __package__)
     spec = ServingSpec.load(model_dir)
     return module.ENGINE(model_dir, spec, device, options or {})
 

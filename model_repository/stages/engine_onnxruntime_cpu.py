@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import onnxruntime as ort
-from engine import Engine
-from padding import pad_packed, plan_chunks
+
+from .engine import Engine
+from .padding import pad_packed, plan_chunks
 
 
 class OnnxRuntimeCpuEngine(Engine):

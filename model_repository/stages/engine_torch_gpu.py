@@ -47,8 +47,9 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from engine import Engine, ServingSpec
-from torch_gpu_kernels import (
+
+from .engine import Engine, ServingSpec
+from .torch_gpu_kernels import (
     HAVE_TRITON,
     KernelCheck,
     add_ln_kernel,
@@ -60,8 +61,8 @@ from torch_gpu_kernels import (
     triton,
     varlen_attn_kernel,
 )
-from torch_gpu_layout import cpu_chunks, layout_size, length_class, next_pow2, pack, token_bucket, views
-from torch_gpu_weights import BertCheckpoint, Layer, load_state_dict
+from .torch_gpu_layout import cpu_chunks, layout_size, length_class, next_pow2, pack, token_bucket, views
+from .torch_gpu_weights import BertCheckpoint, Layer, load_state_dict
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,9 @@ import gc
 from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
-from classification import label_array, scores_and_labels
-from engine import ServingSpec
+
+from .classification import label_array, scores_and_labels
+from .engine import ServingSpec
 
 
 class TritonPythonModel:

@@ -18,11 +18,12 @@ import gc
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from classification import label_array, scores_and_labels
-from engine import engine_from_args
-from model_args import instance_count, model_config
-from stage_metrics import StageMetrics, encoder_metrics, tokenizer_metrics
-from tokenization import TextInput
+
+from .classification import label_array, scores_and_labels
+from .engine import engine_from_args
+from .model_args import instance_count, model_config
+from .stage_metrics import StageMetrics, encoder_metrics, tokenizer_metrics
+from .tokenization import TextInput
 
 
 class TritonPythonModel:

@@ -19,10 +19,11 @@ import gc
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from model_args import instance_count, model_config
-from padding import pad_packed
-from stage_metrics import StageMetrics, tokenizer_metrics
-from tokenization import TextInput
+
+from .model_args import instance_count, model_config
+from .padding import pad_packed
+from .stage_metrics import StageMetrics, tokenizer_metrics
+from .tokenization import TextInput
 
 
 class TritonPythonModel:

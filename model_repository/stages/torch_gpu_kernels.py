@@ -18,8 +18,9 @@ import logging
 import numpy as np
 import torch
 import torch.nn.functional as F
-from engine import pack_sequences
-from torch_gpu_layout import length_class
+
+from .engine import pack_sequences
+from .torch_gpu_layout import length_class
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from padding import plan_chunks
+
+from .padding import plan_chunks
 
 
 def next_pow2(n: int) -> int:

@@ -12,7 +12,8 @@ import math
 from pathlib import Path
 
 import torch
-from torch_gpu_layout import next_pow2
+
+from .torch_gpu_layout import next_pow2
 
 log = logging.getLogger(__name__)
 
