@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := build/stamps/$(subst /,_,$(SETTINGS))
 
-.PHONY: setup export engines repo serve test lint bench loadtest reliability images compose bundle chart-check clean
+.PHONY: setup export engines repo serve test lint typecheck bench loadtest reliability images compose bundle chart-check clean
 
 setup: $(VENV)/.installed
 
@@ -31,7 +31,7 @@ engines: $(STAMP).export
 # Generate the Triton model repository (every config.pbtxt) from the settings file.
 repo: $(STAMP).repo
 
-$(STAMP).repo: $(STAMP).export $(wildcard model_repository/*.py model_repository/stages/*.py)
+$(STAMP).repo: $(STAMP).export $(wildcard common/*.py model_repository/*.py model_repository/stages/*.py)
 	$(PY) -m model_repository.generate --settings $(SETTINGS)
 	@touch $@
 
@@ -45,6 +45,14 @@ test: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(MAKE) typecheck
+
+# The TensorRT builder's API calls against tensorrt-stubs (no TensorRT runs here). The stubs package pulls in
+# TensorRT itself as a dependency, which PyPI cannot serve here: it goes in without its dependencies.
+typecheck: $(VENV)/.installed
+	$(PY) -m pip install -q --no-deps tensorrt-stubs==10.13.0.35.1
+	$(PY) .ci/repair_tensorrt_stubs.py build/tensorrt-stubs
+	MYPYPATH=build/tensorrt-stubs $(PY) -m mypy export/tensorrt_build.py
 
 # CPU throughput of the ensemble against sentence-transformers encode() on the same texts.
 bench: $(STAMP).repo
@@ -87,7 +95,7 @@ bundle: $(STAMP).export
 # The chart and the images, checked offline: lint, Kubernetes schemas, hadolint, pinned versions.
 chart-check: $(VENV)/.installed
 	$(PY) helm/sync_settings.py --check
-	$(PY) -m pytest -q tests/test_helm.py tests/test_docker.py
+	$(PY) -m pytest -q tests/test_helm.py tests/test_images.py tests/test_bundle.py
 
 clean:
 	rm -rf build

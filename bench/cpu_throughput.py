@@ -22,11 +22,11 @@ import torch
 from tritonclient.grpc import service_pb2
 
 from client.core import GRPC_CHANNEL_ARGS, MODEL_INFER, model_infer_request
+from common.settings import load_settings
 from export.checkpoint import resolve_source
 from loadtest.corpus import load_text
 from model_repository.generate import generate
 from model_repository.server import TritonServer
-from model_repository.settings import load_settings
 from model_repository.triton_command import Ports
 
 

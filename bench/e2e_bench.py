@@ -30,17 +30,18 @@ import tritonclient.grpc as grpcclient
 
 from bench import process_cpu
 from bench.gpu_sampler import GpuSampler
+from common.contract import TEXT_INPUT
+from common.settings import Settings, load_settings
 from loadtest.corpus import load_text
 from loadtest.triton_stats import model_stats, stage_breakdown
 from model_repository.generate import generate
 from model_repository.server import TritonServer
-from model_repository.settings import Settings, load_settings
 from model_repository.triton_command import Ports
 from model_repository.watchdog import stub_processes
 
 
 def perf_analyzer_input(texts: list[str], path: Path) -> None:
-    rows = [{"text": {"content": [text], "shape": [1]}} for text in texts]
+    rows = [{TEXT_INPUT: {"content": [text], "shape": [1]}} for text in texts]
     path.write_text(json.dumps({"data": rows}))
 
 

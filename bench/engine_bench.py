@@ -34,7 +34,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model_repository.stages.engine import ServingSpec, load_engine, pack_sequences
+from common.contract import ServingSpec
+from model_repository.stages.engine import load_engine, pack_sequences
 from model_repository.stages.torch_gpu_layout import layout_size, pack, token_bucket, views
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,9 +22,10 @@ from pathlib import Path
 
 import aiohttp
 
+from common.contract import TEXT_INPUT
+from common.settings import load_settings
 from loadtest.corpus import load_text
 from loadtest.reliability import Launcher
-from model_repository.settings import load_settings
 from model_repository.triton_command import Ports
 from model_repository.watchdog import child_processes, process_cpu_s
 
@@ -72,9 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("build/bench"))
     args = parser.parse_args(argv)
     settings = load_settings(args.settings)
-    model_input = "text"
     body = json.dumps(
-        {"inputs": [{"name": model_input, "shape": [1, 1], "datatype": "BYTES", "data": [load_text()[0]]}]}
+        {"inputs": [{"name": TEXT_INPUT, "shape": [1, 1], "datatype": "BYTES", "data": [load_text()[0]]}]}
     ).encode()
     args.out.mkdir(parents=True, exist_ok=True)
     ports = Ports.free()

@@ -24,6 +24,8 @@ import tritonclient.http.aio as httpclient_aio
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
+from common.contract import TEXT_INPUT
+
 PROTOCOLS = ("grpc", "http")
 RETRYABLE_STATUSES = {"StatusCode.UNAVAILABLE", "503", "UNAVAILABLE"}
 # Answers that mean "not now" for a model that exists, so a retry will find it: a Python stage's stub died
@@ -104,7 +106,7 @@ def model_infer_request(model: str, texts: Sequence[str]) -> bytes:
     load generator can build once and send many times (loadtest/locustfile.py, bench/cpu_throughput.py)."""
     content = b"".join(len(data).to_bytes(4, "little") + data for data in encode_texts(texts))
     request = service_pb2.ModelInferRequest(model_name=model)
-    request.inputs.add(name="text", datatype="BYTES", shape=[len(texts), 1])
+    request.inputs.add(name=TEXT_INPUT, datatype="BYTES", shape=[len(texts), 1])
     request.raw_input_contents.append(content)
     return request.SerializeToString()
 
@@ -129,7 +131,7 @@ def encode_texts(texts: Sequence[str]) -> list[bytes]:
 
 def text_input(module, texts: Sequence[str]):
     data = np.array(encode_texts(texts), dtype=np.object_).reshape(-1, 1)
-    tensor = module.InferInput("text", list(data.shape), "BYTES")
+    tensor = module.InferInput(TEXT_INPUT, list(data.shape), "BYTES")
     tensor.set_data_from_numpy(data)
     return tensor
 
@@ -161,7 +163,7 @@ def output_names(metadata) -> list[str]:
 
 
 def default_url(protocol: str) -> str:
-    from model_repository.settings import load_settings
+    from common.settings import load_settings
 
     server = load_settings().server
     return f"{server.host}:{server.grpc_port if protocol == 'grpc' else server.http_port}"

@@ -51,6 +51,7 @@ RUN python3 -m pip install --no-cache-dir \
     && python3 -c "import numpy, sys; sys.exit(f'numpy {numpy.__version__} >= 2' if int(numpy.__version__.split('.')[0]) >= 2 else 0)"
 
 WORKDIR /opt/bert-triton
+COPY common/ common/
 COPY model_repository/ model_repository/
 COPY export/__init__.py export/tensorrt_build.py export/
 COPY --chmod=0755 docker/healthcheck.py docker/tritonserver.sh docker/

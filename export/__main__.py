@@ -11,12 +11,12 @@ from pathlib import Path
 
 import torch
 
+from common.contract import ServingSpec
+from common.settings import SettingsError, load_settings
+from common.tokenizer_config import load_tokenizer
 from export import sha256
 from export.checkpoint import CheckpointError, load_model, read_pooling, resolve_source, tokenizer_file
 from export.onnx_export import VALIDATION_SENTENCES, ServingModule, export_onnx, validate
-from model_repository.settings import SettingsError, load_settings
-from model_repository.stages.engine import ServingSpec
-from model_repository.stages.tokenization import load_tokenizer
 
 REPORT_FILE = "export_report.json"
 

@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common.contract import ENGINE_INPUTS
+from common.padding import pad_sequences
 from export.checkpoint import Pooling
-from model_repository.stages.padding import pad_sequences
 
-INPUT_NAMES = ("input_ids", "attention_mask")
 VALIDATION_SENTENCES = Path(__file__).with_name("validation_sentences.txt")
 
 
@@ -51,7 +51,7 @@ class ServingModule(nn.Module):
 def export_onnx(module: ServingModule, path: Path, output_name: str, opset: int) -> None:
     ids = torch.tensor([[101, 7592, 2088, 102], [101, 2088, 102, 0]], dtype=torch.int32)
     mask = (ids != 0).to(torch.int32)
-    axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}}
+    axes = {name: {0: "batch", 1: "sequence"} for name in ENGINE_INPUTS}
     # The tracer warns about shape-dependent Python branches in transformers' masking code; validate()
     # runs the exported graph on other batch and sequence sizes, which is the check that matters.
     with torch.no_grad(), warnings.catch_warnings():
@@ -61,7 +61,7 @@ def export_onnx(module: ServingModule, path: Path, output_name: str, opset: int)
             module,
             (ids, mask),
             str(path),
-            input_names=list(INPUT_NAMES),
+            input_names=list(ENGINE_INPUTS),
             output_names=[output_name],
             dynamic_axes={**axes, output_name: {0: "batch"}},
             opset_version=opset,
@@ -76,7 +76,7 @@ def validate(module: ServingModule, onnx_path: Path, sequences: list[np.ndarray]
     """
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     ids, mask = pad_sequences(sequences, pad_id)
-    (onnx_out,) = session.run(None, {"input_ids": ids, "attention_mask": mask})
+    (onnx_out,) = session.run(None, dict(zip(ENGINE_INPUTS, (ids, mask), strict=True)))
     with torch.no_grad():
         reference = torch.cat(
             [module(torch.from_numpy(s[None]), torch.ones((1, len(s)), dtype=torch.int32)) for s in sequences]

@@ -23,10 +23,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from common.contract import ENGINE_INPUTS
+from common.profiles import profiles
+from common.settings import QUANTIZED, ROOT, Settings, SettingsError, load_settings
 from export import sha256
-from model_repository.settings import QUANTIZED, ROOT, Settings, SettingsError, load_settings
 
-INPUTS = ("input_ids", "attention_mask")
 VERSIONS_FILE = ROOT / "docker" / "versions.env"
 # The ONNX opsets TensorRT 10's parser accepts for every op below.
 OPSETS = range(13, 21)
@@ -52,32 +53,6 @@ def read_versions(path: Path = VERSIONS_FILE) -> dict[str, str]:
     return {key.strip(): value.strip() for key, value in pairs}
 
 
-def profiles(settings: Settings) -> list[dict]:
-    """One optimization profile per sequence bucket: lengths (previous bucket, bucket], any batch size.
-
-    Every profile admits the encoder's whole max_batch_size, since Triton's dynamic batcher forms batches
-    without looking at lengths; each is tuned (opt) at the bucket length for tokens_per_batch tokens.
-    """
-    max_batch = settings.encoder.max_batch_size
-    buckets = settings.tensorrt.sequence_buckets
-    out = []
-    for index, length in enumerate(buckets):
-        shortest = buckets[index - 1] + 1 if index else 1
-        opt_batch = max(1, min(max_batch, settings.tensorrt.tokens_per_batch // length))
-        out.append({"min": [1, shortest], "opt": [opt_batch, length], "max": [max_batch, length]})
-    return out
-
-
-def graph_batches(settings: Settings, length: int) -> list[int]:
-    """Batch sizes Triton captures a CUDA graph for at one bucket length: powers of two up to the cap."""
-    cap = min(settings.tensorrt.max_graph_batch, settings.encoder.max_batch_size)
-    sizes, size = [], 1
-    while size <= cap:
-        sizes.append(size)
-        size *= 2
-    return sizes
-
-
 def check_onnx(path: Path) -> list[str]:
     """Reasons the ONNX model would not parse, fuse or batch well in TensorRT; empty when it is fit."""
     model = onnx.load(str(path), load_external_data=False)
@@ -87,7 +62,7 @@ def check_onnx(path: Path) -> list[str]:
         problems.append(f"opset {opset} is outside {OPSETS.start}-{OPSETS.stop - 1}")
     graph = model.graph
     inputs = {tensor.name: tensor for tensor in graph.input}
-    for name in INPUTS:
+    for name in ENGINE_INPUTS:
         if name not in inputs:
             problems.append(f"input {name} is missing")
             continue
@@ -163,11 +138,11 @@ def export_reduced_precision(settings: Settings, export_dir: Path, precision: st
     import torch
     from transformers import BertForSequenceClassification, BertModel
 
+    from common.contract import ServingSpec
+    from common.padding import pad_sequences
+    from common.tokenizer_config import load_tokenizer
     from export.checkpoint import Pooling
     from export.onnx_export import VALIDATION_SENTENCES, ServingModule, export_onnx
-    from model_repository.stages.engine import ServingSpec
-    from model_repository.stages.padding import pad_sequences
-    from model_repository.stages.tokenization import load_tokenizer
 
     spec = ServingSpec.load(export_dir)
     model_class = BertModel if spec.task == "embedding" else BertForSequenceClassification
@@ -186,7 +161,7 @@ def export_reduced_precision(settings: Settings, export_dir: Path, precision: st
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    (served,) = session.run(None, {"input_ids": ids, "attention_mask": mask})
+    (served,) = session.run(None, dict(zip(ENGINE_INPUTS, (ids, mask), strict=True)))
     cosine = (served * reference).sum(1) / (np.linalg.norm(served, axis=1) * np.linalg.norm(reference, axis=1))
     if cosine.min() < 0.999:
         raise EngineBuildError(f"the {precision} ONNX model drifts from fp32 PyTorch: min cosine {cosine.min():.5f}")
@@ -207,7 +182,7 @@ def build_spec(settings: Settings, onnx_path: Path, plan: Path) -> dict:
         "onnx": portable(onnx_path),
         "onnx_sha256": sha256(onnx_path),
         "plan": portable(plan),
-        "inputs": list(INPUTS),
+        "inputs": list(ENGINE_INPUTS),
         "precision": settings.engine.precision,
         "profiles": profiles(settings),
         "workspace_mib": ts.workspace_mib,

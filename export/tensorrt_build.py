@@ -68,11 +68,12 @@ def build(spec: dict) -> dict:
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, spec["workspace_mib"] << 20)
     config.builder_optimization_level = spec["optimization_level"]
-    config.progress_monitor = _progress_monitor(trt)
+    config.progress_monitor = _progress_monitor()
     for profile_spec in spec["profiles"]:
         profile = builder.create_optimization_profile()
         for name in spec["inputs"]:
-            profile.set_shape(name, *(tuple(profile_spec[key]) for key in ("min", "opt", "max")))
+            low, opt, high = (tuple(profile_spec[key]) for key in ("min", "opt", "max"))
+            profile.set_shape(name, low, opt, high)  # type: ignore[arg-type]  # the bindings take tuples as Dims
         config.add_optimization_profile(profile)
 
     cache_path = Path(spec["timing_cache"])
@@ -99,7 +100,9 @@ def build(spec: dict) -> dict:
     return sidecar
 
 
-def _progress_monitor(trt):
+def _progress_monitor():
+    import tensorrt as trt
+
     class Progress(trt.IProgressMonitor):
         """Prints each builder phase with its step count, so a long build visibly moves."""
 

@@ -22,8 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from common.settings import ROOT, Settings, SettingsError, load_settings
 from model_repository.generate import ENGINE_FILES, generate
-from model_repository.settings import ROOT, Settings, SettingsError, load_settings
 
 ENGINE_DIR = "engine"
 SPEC_FILE = "tensorrt_build.json"  # what docker/engine_cache.py reads

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from model_repository.settings import load_settings
-from model_repository.stages.tokenization import load_tokenizer
+from common.settings import load_settings
+from common.tokenizer_config import load_tokenizer
 
 CORPUS = Path(__file__).with_name("corpus.txt")
 MODULES = (

@@ -29,6 +29,8 @@ from locust.runners import WorkerRunner
 from tritonclient.grpc import service_pb2
 
 from client.core import MODEL_INFER, model_infer_request
+from common.contract import TEXT_INPUT
+from common.settings import load_settings
 from loadtest.acceptance import (
     Measured,
     Thresholds,
@@ -40,7 +42,6 @@ from loadtest.acceptance import (
     verdict_line,
 )
 from loadtest.corpus import load_text
-from model_repository.settings import load_settings
 
 log = logging.getLogger("loadtest")
 TEXTS = load_text()
@@ -246,7 +247,7 @@ class HttpTextUser(FastHttpUser):
     @task
     def infer(self) -> None:
         texts = self._texts.batch()
-        body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(texts), 1], "data": texts}]}
+        body = {"inputs": [{"name": TEXT_INPUT, "datatype": "BYTES", "shape": [len(texts), 1], "data": texts}]}
         with self.client.post(
             f"/v2/models/{CONFIG['model']}/infer",
             data=json.dumps(body),

@@ -40,9 +40,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from client.core import ClientError, RetryPolicy, TextClient
+from common.settings import load_settings
 from loadtest.corpus import load_text
 from model_repository.generate import python_models
-from model_repository.settings import load_settings
 from model_repository.triton_command import Ports
 from model_repository.watchdog import child_processes, stub_processes
 

@@ -16,12 +16,14 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from model_repository.settings import ROOT, Settings, SettingsError, StageSettings, load_settings
-from model_repository.stages.engine import OPTION_PREFIX, SERVING_FILE, ServingSpec
-from model_repository.stages.tokenization import load_tokenizer
+import common
+from common.contract import ENGINE_INPUTS, OPTION_PREFIX, SERVING_FILE, TEXT_INPUT, ServingSpec
+from common.profiles import graph_batches, profiles
+from common.settings import ROOT, Settings, SettingsError, StageSettings, load_settings
+from common.tokenizer_config import load_tokenizer
 
 STAGES_DIR = Path(__file__).resolve().parent / "stages"
-INPUTS = ("input_ids", "attention_mask")
+COMMON_DIR = Path(common.__file__).resolve().parent
 WARMUP_TEXT = "Warm-up request: the first real request should not pay for lazy initialization."
 # Files each engine kind needs from the export folder, beside serving.json.
 ENGINE_FILES = {
@@ -91,8 +93,8 @@ def tokenizer_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
     return _python_stage(
         "tokenizer",
         stage,
-        input=[_tensor(mc.ModelInput, "text", mc.TYPE_STRING, [1])],
-        output=[_tensor(mc.ModelOutput, name, mc.TYPE_INT32, [-1]) for name in INPUTS],
+        input=[_tensor(mc.ModelInput, TEXT_INPUT, mc.TYPE_STRING, [1])],
+        output=[_tensor(mc.ModelOutput, name, mc.TYPE_INT32, [-1]) for name in ENGINE_INPUTS],
         parameters=_parameters(
             {
                 **_text_limits(settings, spec),
@@ -127,7 +129,7 @@ def _text_warmup(max_batch_size: int) -> list[mc.ModelWarmup]:
         mc.ModelWarmup(
             name=f"text_batch_{size}",
             batch_size=size,
-            inputs={"text": mc.ModelWarmup.Input(data_type=mc.TYPE_STRING, dims=[1], input_data_file="text")},
+            inputs={TEXT_INPUT: mc.ModelWarmup.Input(data_type=mc.TYPE_STRING, dims=[1], input_data_file=TEXT_INPUT)},
         )
         for size in sorted({1, min(8, max_batch_size)})
     ]
@@ -153,7 +155,7 @@ def one_stage_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
     config = _python_stage(
         "ensemble",
         settings.encoder,
-        input=[_tensor(mc.ModelInput, "text", mc.TYPE_STRING, [1])],
+        input=[_tensor(mc.ModelInput, TEXT_INPUT, mc.TYPE_STRING, [1])],
         output=_task_outputs(spec),
         parameters=_parameters({**_text_limits(settings, spec), **_engine_parameters(settings)}),
         model_warmup=_text_warmup(settings.ensemble.max_batch_size),
@@ -167,12 +169,12 @@ def encoder_config(settings: Settings, spec: ServingSpec, warmup_tokens: int) ->
     ragged = {"allow_ragged_batch": True}
     warmup_inputs = {
         name: mc.ModelWarmup.Input(data_type=mc.TYPE_INT32, dims=[warmup_tokens], input_data_file=name)
-        for name in INPUTS
+        for name in ENGINE_INPUTS
     }
     return _python_stage(
         "encoder",
         stage,
-        input=[_tensor(mc.ModelInput, name, mc.TYPE_INT32, [-1], **ragged) for name in INPUTS],
+        input=[_tensor(mc.ModelInput, name, mc.TYPE_INT32, [-1], **ragged) for name in ENGINE_INPUTS],
         output=[_tensor(mc.ModelOutput, spec.output_name, mc.TYPE_FP32, [spec.output_size])],
         parameters=_parameters(_engine_parameters(settings)),
         model_warmup=[
@@ -184,7 +186,6 @@ def encoder_config(settings: Settings, spec: ServingSpec, warmup_tokens: int) ->
 
 def tensorrt_encoder_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
     """The encoder as a `tensorrt_plan` model: one profile per bucket, CUDA graphs per bucket and batch."""
-    from export.tensorrt import graph_batches, profiles
 
     stage, trt = settings.encoder, settings.tensorrt
     plan_profiles = profiles(settings)
@@ -192,7 +193,7 @@ def tensorrt_encoder_config(settings: Settings, spec: ServingSpec) -> mc.ModelCo
     for length in trt.sequence_buckets if trt.cuda_graphs else ():
         previous = 0
         for batch in graph_batches(settings, length):
-            shape = {name: mc.ModelOptimizationPolicy.Cuda.GraphSpec.Shape(dim=[length]) for name in INPUTS}
+            shape = {name: mc.ModelOptimizationPolicy.Cuda.GraphSpec.Shape(dim=[length]) for name in ENGINE_INPUTS}
             graphs.append(
                 mc.ModelOptimizationPolicy.Cuda.GraphSpec(
                     batch_size=batch,
@@ -208,7 +209,7 @@ def tensorrt_encoder_config(settings: Settings, spec: ServingSpec) -> mc.ModelCo
         platform="tensorrt_plan",
         default_model_filename="model.plan",
         max_batch_size=stage.max_batch_size,
-        input=[_tensor(mc.ModelInput, name, mc.TYPE_INT32, [-1]) for name in INPUTS],
+        input=[_tensor(mc.ModelInput, name, mc.TYPE_INT32, [-1]) for name in ENGINE_INPUTS],
         output=[_tensor(mc.ModelOutput, spec.output_name, mc.TYPE_FP32, [spec.output_size])],
         dynamic_batching=_batching(
             stage, list(stage.preferred_batch_sizes) or sorted({p["opt"][0] for p in plan_profiles})
@@ -248,13 +249,13 @@ def ensemble_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
         step(
             model_name="tokenizer",
             model_version=-1,
-            input_map={"text": "text"},
-            output_map={name: name for name in INPUTS},
+            input_map={TEXT_INPUT: TEXT_INPUT},
+            output_map={name: name for name in ENGINE_INPUTS},
         ),
         step(
             model_name="encoder",
             model_version=-1,
-            input_map={name: name for name in INPUTS},
+            input_map={name: name for name in ENGINE_INPUTS},
             output_map={spec.output_name: spec.output_name},
         ),
     ]
@@ -271,7 +272,7 @@ def ensemble_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
         name="ensemble",
         platform="ensemble",
         max_batch_size=settings.ensemble.max_batch_size,
-        input=[_tensor(mc.ModelInput, "text", mc.TYPE_STRING, [1])],
+        input=[_tensor(mc.ModelInput, TEXT_INPUT, mc.TYPE_STRING, [1])],
         output=_task_outputs(spec),
         ensemble_scheduling=mc.ModelEnsembling(step=steps),
     )
@@ -296,13 +297,15 @@ def _place(source: Path, target: Path) -> None:
 def _write_model(
     root: Path, config: mc.ModelConfig, settings: Settings, files: list[Path], stage: str | None = None
 ) -> Path:
-    """config.pbtxt and version 1 with the model's files; a Python stage also gets the stages package whole (as
-    `stages/`, so that no file list is kept here) and a model.py that is that stage's module under Triton's name."""
+    """config.pbtxt and version 1 with the model's files; a Python stage also gets the packages stages/ and
+    common/ whole (so that no file list is kept here) and a model.py that is that stage's module under Triton's
+    name."""
     version = root / config.name / "1"
     version.mkdir(parents=True)
     (root / config.name / "config.pbtxt").write_text(header(settings) + text_format.MessageToString(config))
     if stage:
-        shutil.copytree(STAGES_DIR, version / "stages", ignore=shutil.ignore_patterns("__pycache__"))
+        for package in (STAGES_DIR, COMMON_DIR):  # the stages import the base layer: it goes with them
+            shutil.copytree(package, version / package.name, ignore=shutil.ignore_patterns("__pycache__"))
         (version / "model.py").write_text(
             f'"""Generated by `python -m model_repository.generate`. Triton loads model.py; the stage is '
             f'stages/{stage}.py."""\n\nfrom stages.{stage} import TritonPythonModel  # noqa: F401\n'
@@ -315,7 +318,7 @@ def _write_model(
 def _write_text_warmup(model_dir: Path) -> None:
     encoded = WARMUP_TEXT.encode()
     (model_dir / "warmup").mkdir()
-    (model_dir / "warmup" / "text").write_bytes(struct.pack("<I", len(encoded)) + encoded)
+    (model_dir / "warmup" / TEXT_INPUT).write_bytes(struct.pack("<I", len(encoded)) + encoded)
 
 
 def generate(settings: Settings, export_dir: Path | None = None, out: Path | None = None) -> Path:
@@ -352,9 +355,8 @@ def _write_two_stages(out: Path, settings: Settings, spec: ServingSpec, export_d
         config = encoder_config(settings, spec, len(warmup_ids))
         encoder_dir = _write_model(out, config, settings, [serving_file, *engine_files], "encoder")
         (encoder_dir / "warmup").mkdir()
-        (encoder_dir / "warmup" / "input_ids").write_bytes(struct.pack(f"<{len(warmup_ids)}i", *warmup_ids))
-        mask = [1] * len(warmup_ids)
-        (encoder_dir / "warmup" / "attention_mask").write_bytes(struct.pack(f"<{len(mask)}i", *mask))
+        for name, values in zip(ENGINE_INPUTS, (warmup_ids, [1] * len(warmup_ids)), strict=True):
+            (encoder_dir / "warmup" / name).write_bytes(struct.pack(f"<{len(values)}i", *values))
     if spec.task == "classification":
         _write_model(out, postprocess_config(settings, spec), settings, [serving_file], "postprocess")
     _write_model(out, ensemble_config(settings, spec), settings, [])

@@ -31,10 +31,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.settings import Settings, SettingsError, load_settings
 from model_repository.front import FrontWorkers
 from model_repository.health import HealthEndpoint
 from model_repository.process_control import die_with_parent, port_problem
-from model_repository.settings import Settings, SettingsError, load_settings
 from model_repository.triton_command import Ports, server_command
 from model_repository.triton_install import (
     ServerError,

@@ -6,7 +6,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from model_repository.settings import Settings
+from common.settings import Settings
 from model_repository.watchdog import ADMIN_HEADER
 
 # Python backend shared-memory pool per model instance: large enough for a full dynamic batch of

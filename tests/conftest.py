@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from common.settings import load_settings
 from export.__main__ import export
 from export.checkpoint import resolve_source
 from export.onnx_export import VALIDATION_SENTENCES
 from model_repository.generate import generate
 from model_repository.server import TritonServer
-from model_repository.settings import load_settings
 from model_repository.triton_command import Ports
 
 

@@ -10,9 +10,9 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from common.contract import ServingSpec
+from common.settings import SettingsError, load_settings
 from model_repository.generate import generate
-from model_repository.settings import SettingsError, load_settings
-from model_repository.stages.engine import ServingSpec
 
 STAGES = Path(__file__).resolve().parent.parent / "model_repository" / "stages"
 

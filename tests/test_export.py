@@ -8,9 +8,9 @@ import numpy as np
 import onnx
 import pytest
 
+from common.contract import ServingSpec
 from export.__main__ import REPORT_FILE, export
 from export.checkpoint import CheckpointError, read_pooling, resolve_source
-from model_repository.stages.engine import ServingSpec
 
 
 def test_export_writes_validated_model(exported, settings):

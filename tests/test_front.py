@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from client.core import TextClient
+from common.settings import load_settings
 from loadtest import reliability
 from model_repository.front import infer_request_problem
-from model_repository.settings import load_settings
 from model_repository.triton_command import Ports
 
 LIMIT = load_settings().front.max_body_bytes

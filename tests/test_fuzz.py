@@ -16,10 +16,11 @@ from tokenizers import pre_tokenizers
 from tritonclient.utils import InferenceServerException
 
 from client.core import text_input
+from common.padding import pad_sequences
+from common.tokenizer_config import load_tokenizer
 from export.checkpoint import tokenizer_file
 from model_repository.stages import tokenization
-from model_repository.stages.padding import pad_sequences
-from model_repository.stages.tokenization import PREFIX_CHARS_PER_TOKEN, encode_truncated, load_tokenizer
+from model_repository.stages.tokenization import PREFIX_CHARS_PER_TOKEN, encode_truncated
 
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 

@@ -3,7 +3,7 @@
 helm_python (Helm 4's SDK, no helm binary) lints and renders; kubernetes-validate checks every manifest
 against the Kubernetes 1.29 and newest schemas it ships. The chart's shape (ports, GPUs, /dev/shm) comes from
 the settings file embedded in its values, so the tests render it for every settings file of the repository
-and compare with what model_repository.settings reads from the same file.
+and compare with what common.settings reads from the same file.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 import yaml
 from kubernetes_validate.utils import latest_version
 
-from model_repository.settings import ROOT, load_settings
+from common.settings import ROOT, load_settings
 from model_repository.triton_command import SHM_DEFAULT_BYTES, Ports, server_command
 
 CHART = ROOT / "helm" / "bert-triton"
@@ -277,7 +277,7 @@ def test_probes_include_a_real_inference(chart):
     assert command[command.index("--url") + 1] == "http://127.0.0.1:8000"
     assert command[command.index("--model") + 1] == "ensemble"
     assert int(command[command.index("--timeout") + 1]) < readiness["timeoutSeconds"]
-    # tests/test_docker.py runs this command against a live tritonserver, with a killed stub too.
+    # tests/test_image_launcher.py runs this command against a live tritonserver, with a killed stub too.
 
     inference_liveness = server_container(
         render(chart, {"probes": {"liveness": {"mode": "inference", "failureThreshold": 6}}})
@@ -397,7 +397,7 @@ def test_dashboard_covers_what_operators_watch():
     assert {v["name"] for v in dashboard["templating"]["list"]} == {"datasource", "pod"}
     assert all(p["datasource"]["uid"] == "${datasource}" for p in dashboard["panels"] if p["type"] != "row")
     assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
-    # tests/test_docker.py checks every metric name here against a live tritonserver's metrics port.
+    # tests/test_image_launcher.py checks every metric name here against a live tritonserver's metrics port.
 
 
 # ---------------------------------------------------------------------------------------------------------

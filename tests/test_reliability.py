@@ -22,9 +22,9 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from client.core import RetryPolicy, TextClient
+from common.settings import load_settings
 from loadtest import reliability
 from model_repository.generate import generate, python_models
-from model_repository.settings import load_settings
 from model_repository.triton_command import Ports
 from model_repository.watchdog import SHM_REGION_PREFIX
 

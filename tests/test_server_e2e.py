@@ -159,9 +159,9 @@ def test_classification_returns_the_engines_scores_and_labels(
 ):
     import dataclasses
 
+    from common.tokenizer_config import load_tokenizer
     from model_repository.generate import generate
     from model_repository.stages.engine import load_engine
-    from model_repository.stages.tokenization import load_tokenizer
 
     cls_settings = dataclasses.replace(
         settings,

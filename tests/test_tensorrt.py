@@ -18,10 +18,11 @@ from google.protobuf import text_format
 from onnx import TensorProto, helper
 from tritonclient.grpc import model_config_pb2 as mc
 
-from export.tensorrt import EngineBuildError, check_onnx, graph_batches, prepare, profiles, read_versions
+from common.profiles import graph_batches, profiles
+from common.settings import ROOT
+from export.tensorrt import EngineBuildError, check_onnx, prepare, read_versions
 from export.tensorrt_build import plan_problems
 from model_repository.generate import generate
-from model_repository.settings import ROOT
 from model_repository.triton_install import ServerError, check_tensorrt_plans
 
 HAVE_TENSORRT = importlib.util.find_spec("tensorrt") is not None
@@ -165,7 +166,7 @@ def test_server_refuses_a_plan_for_another_gpu_or_tensorrt(trt_repository):
 
 
 def test_bucket_padding_in_the_tokenizer_stage():
-    from model_repository.stages.padding import pad_sequences
+    from common.padding import pad_sequences
 
     ids, mask = pad_sequences([[101, 7, 102], [101, 102]], 0, (4, 8))
     assert ids.shape == (2, 4) and mask.sum() == 5
@@ -205,7 +206,7 @@ def test_plan_builds_and_matches_onnxruntime(trt_settings, golden_sequences):
     build(spec)
     engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(Path(spec["plan"]).read_bytes())
     context = engine.create_execution_context()
-    from model_repository.stages.padding import pad_sequences
+    from common.padding import pad_sequences
 
     ids, mask = pad_sequences(golden_sequences, 0)
     inputs = {"input_ids": torch.from_numpy(ids).cuda(), "attention_mask": torch.from_numpy(mask).cuda()}

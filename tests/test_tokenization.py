@@ -15,10 +15,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from tokenizers import pre_tokenizers
 
+from common.tokenizer_config import load_tokenizer
 from export.checkpoint import tokenizer_file
 from loadtest.corpus import load_text
 from model_repository.stages import tokenization
-from model_repository.stages.tokenization import PREFIX_CHARS_PER_TOKEN, TextTokenizer, load_tokenizer
+from model_repository.stages.tokenization import PREFIX_CHARS_PER_TOKEN, TextTokenizer
 
 
 @functools.cache

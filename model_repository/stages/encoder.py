@@ -19,9 +19,11 @@ import gc
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from common.contract import ENGINE_INPUTS
+from common.padding import unpad
+
 from .engine import engine_from_args
 from .model_args import model_config
-from .padding import unpad
 from .stage_metrics import StageMetrics, encoder_metrics
 
 
@@ -47,10 +49,7 @@ class TritonPythonModel:
 
     def execute(self, requests: list) -> list:
         packed = [
-            unpad(
-                pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy(),
-                pb_utils.get_input_tensor_by_name(request, "attention_mask").as_numpy(),
-            )
+            unpad(*(pb_utils.get_input_tensor_by_name(request, name).as_numpy() for name in ENGINE_INPUTS))
             for request in requests
         ]
         ids = np.concatenate([part[0] for part in packed])

@@ -8,42 +8,12 @@ other relatively, so here they are `model_repository.stages.*` and there `stages
 from __future__ import annotations
 
 import importlib
-import json
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-SERVING_FILE = "serving.json"
-OPTION_PREFIX = "engine."  # config parameters that carry the settings' [engine] options
-
-
-@dataclass(frozen=True)
-class ServingSpec:
-    """What `export` recorded about the model: task, pooling and output layout."""
-
-    task: str  # embedding | classification
-    pooling: str  # mean | cls | max | mean_sqrt_len (embedding only)
-    normalize: bool  # L2-normalize pooled embeddings
-    hidden_size: int
-    output_size: int  # embedding width or number of labels
-    labels: tuple[str, ...]  # classification labels by class index
-    max_tokens: int
-    pad_token_id: int
-
-    @classmethod
-    def load(cls, model_dir: Path) -> ServingSpec:
-        raw = json.loads((Path(model_dir) / SERVING_FILE).read_text())
-        return cls(**{**raw, "labels": tuple(raw["labels"])})
-
-    def save(self, model_dir: Path) -> None:
-        data = {**self.__dict__, "labels": list(self.labels)}
-        (Path(model_dir) / SERVING_FILE).write_text(json.dumps(data, indent=2) + "\n")
-
-    @property
-    def output_name(self) -> str:
-        return "embedding" if self.task == "embedding" else "logits"
+from common.contract import OPTION_PREFIX, ServingSpec
 
 
 class Engine(ABC):

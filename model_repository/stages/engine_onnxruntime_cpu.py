@@ -10,8 +10,10 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
+from common.contract import ENGINE_INPUTS
+from common.padding import pad_packed, plan_chunks
+
 from .engine import Engine
-from .padding import pad_packed, plan_chunks
 
 
 class OnnxRuntimeCpuEngine(Engine):
@@ -36,7 +38,7 @@ class OnnxRuntimeCpuEngine(Engine):
             chunk = order[start:stop]
             padded, mask = pad_packed(ids, lengths[chunk], self.spec.pad_token_id, starts=starts[chunk])
             self.computed_tokens += padded.size
-            (result,) = self.session.run(None, {"input_ids": padded, "attention_mask": mask})
+            (result,) = self.session.run(None, dict(zip(ENGINE_INPUTS, (padded, mask), strict=True)))
             out[chunk] = result
         return out
 

@@ -48,7 +48,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .engine import Engine, ServingSpec
+from common.contract import ServingSpec
+
+from .engine import Engine
 from .torch_gpu_kernels import (
     HAVE_TRITON,
     KernelCheck,

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
+from common.contract import ServingSpec
+
 from .classification import label_array, scores_and_labels
-from .engine import ServingSpec
 
 
 class TritonPythonModel:

@@ -19,6 +19,8 @@ import gc
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from common.contract import TEXT_INPUT
+
 from .classification import label_array, scores_and_labels
 from .engine import engine_from_args
 from .model_args import instance_count, model_config
@@ -41,7 +43,7 @@ class TritonPythonModel:
         self._metrics = StageMetrics(pb_utils, "text_encoder", args, declared)
 
     def execute(self, requests: list) -> list:
-        raws = [pb_utils.get_input_tensor_by_name(request, "text").as_numpy() for request in requests]
+        raws = [pb_utils.get_input_tensor_by_name(request, TEXT_INPUT).as_numpy() for request in requests]
         texts, parts = self.text.gather(raws)
         ids, lengths = self.text.tokenizer.encode(texts)
         outputs = self.engine.forward_packed(ids, lengths) if texts else None

@@ -23,6 +23,8 @@ from tokenizers.models import WordPiece
 from tokenizers.normalizers import BertNormalizer
 from tokenizers.pre_tokenizers import BertPreTokenizer
 
+from common.tokenizer_config import load_tokenizer
+
 # A text longer than this many characters per kept token is first encoded from a prefix (encode_truncated).
 # English runs about 5 characters a token, so the prefix nearly always holds more tokens than are kept.
 PREFIX_CHARS_PER_TOKEN = 16
@@ -105,18 +107,6 @@ class TextInput:
 
     def gather(self, raws: list[np.ndarray]) -> tuple[list[str], list[slice | str]]:
         return gather_texts(raws, self.max_text_bytes, self.max_request_bytes)
-
-
-def load_tokenizer(path: str | Path, max_tokens: int) -> Tokenizer:
-    """A Hugging Face fast tokenizer that truncates to max_tokens and never pads.
-
-    Checkpoints often ship tokenizer.json with fixed padding enabled; padding is the engine's business
-    (or none at all), so it is switched off here.
-    """
-    tokenizer = Tokenizer.from_file(str(path))
-    tokenizer.no_padding()
-    tokenizer.enable_truncation(max_length=max_tokens)
-    return tokenizer
 
 
 def encode_truncated(tokenizer: Tokenizer, texts: list[str]) -> list[Encoding]:

@@ -20,8 +20,10 @@ import gc
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from common.contract import ENGINE_INPUTS, TEXT_INPUT
+from common.padding import pad_packed
+
 from .model_args import instance_count, model_config
-from .padding import pad_packed
 from .stage_metrics import StageMetrics, tokenizer_metrics
 from .tokenization import TextInput
 
@@ -46,7 +48,7 @@ class TritonPythonModel:
         self._metrics.add(values)
 
     def execute(self, requests: list) -> list:
-        raws = [pb_utils.get_input_tensor_by_name(request, "text").as_numpy() for request in requests]
+        raws = [pb_utils.get_input_tensor_by_name(request, TEXT_INPUT).as_numpy() for request in requests]
         texts, parts = self.text.gather(raws)
         ids, lengths = self.text.tokenizer.encode(texts)
         self._record(len(requests), lengths)
@@ -61,7 +63,7 @@ class TritonPythonModel:
             padded, mask = pad_packed(ids, lengths[part], self.pad_id, self.buckets, starts[part])
             responses.append(
                 pb_utils.InferenceResponse(
-                    [pb_utils.Tensor("input_ids", padded), pb_utils.Tensor("attention_mask", mask)]
+                    [pb_utils.Tensor(name, array) for name, array in zip(ENGINE_INPUTS, (padded, mask), strict=True)]
                 )
             )
         return responses

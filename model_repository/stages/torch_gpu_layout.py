@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .padding import plan_chunks
+from common.padding import plan_chunks
 
 
 def next_pow2(n: int) -> int:

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
+from common.settings import load_settings
+from common.tokenizer_config import load_tokenizer
 from export.checkpoint import resolve_source, tokenizer_file
 from export.onnx_export import VALIDATION_SENTENCES
-from model_repository.settings import load_settings
-from model_repository.stages.tokenization import load_tokenizer
 
 GOLDEN = Path(__file__).with_name("minilm.npz")
 

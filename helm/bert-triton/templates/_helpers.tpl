@@ -45,7 +45,7 @@ app.kubernetes.io/part-of: bert-triton
 
 {{/*
 The settings file (values settings.toml), parsed. The chart reads the deployment's shape from it, with the
-defaults of model_repository/settings.py for keys the file leaves out. Returned as JSON: use
+defaults of common/settings.py for keys the file leaves out. Returned as JSON: use
 `fromJson (include "bert-triton.settings" .)`.
 */}}
 {{- define "bert-triton.settings" -}}

@@ -10,7 +10,7 @@ from pathlib import Path
 import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_SETTINGS = Path(__file__).resolve().parent / "settings.toml"
+DEFAULT_SETTINGS = ROOT / "model_repository" / "settings.toml"
 
 TASKS = ("embedding", "classification")
 ENGINE_KINDS = ("onnxruntime_cpu", "torch_gpu", "tensorrt")

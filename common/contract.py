@@ -1,0 +1,40 @@
+"""What export, the generated repository, the stages and the clients agree on: file and tensor names, and
+the model's serving spec (serving.json, written by export and read by every engine)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+TEXT_INPUT = "text"  # the ensemble's TYPE_STRING input
+ENGINE_INPUTS = ("input_ids", "attention_mask")  # int32 [batch, sequence]: ONNX, TensorRT, the two-stage hop
+SERVING_FILE = "serving.json"
+OPTION_PREFIX = "engine."  # config parameters that carry the settings' [engine] options
+
+
+@dataclass(frozen=True)
+class ServingSpec:
+    """What `export` recorded about the model: task, pooling and output layout."""
+
+    task: str  # embedding | classification
+    pooling: str  # mean | cls | max | mean_sqrt_len (embedding only)
+    normalize: bool  # L2-normalize pooled embeddings
+    hidden_size: int
+    output_size: int  # embedding width or number of labels
+    labels: tuple[str, ...]  # classification labels by class index
+    max_tokens: int
+    pad_token_id: int
+
+    @classmethod
+    def load(cls, model_dir: Path) -> ServingSpec:
+        raw = json.loads((Path(model_dir) / SERVING_FILE).read_text())
+        return cls(**{**raw, "labels": tuple(raw["labels"])})
+
+    def save(self, model_dir: Path) -> None:
+        data = {**self.__dict__, "labels": list(self.labels)}
+        (Path(model_dir) / SERVING_FILE).write_text(json.dumps(data, indent=2) + "\n")
+
+    @property
+    def output_name(self) -> str:
+        return "embedding" if self.task == "embedding" else "logits"

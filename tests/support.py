@@ -1,0 +1,48 @@
+"""Helpers the tests share: the docker folder, loading a script as a module, reading Prometheus text."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import urllib.request
+from pathlib import Path
+
+from common.settings import ROOT
+from export.tensorrt import read_versions
+
+DOCKER = ROOT / "docker"
+CHART = ROOT / "helm" / "bert-triton"
+DOCKERFILES = {name: DOCKER / f"{name}.Dockerfile" for name in ("server", "builder", "locust")}
+VERSIONS = read_versions()
+# Triton exports these through DCGM only where it sees a GPU (none here); names from Triton's metrics docs.
+GPU_METRICS = {"nv_gpu_utilization", "nv_gpu_memory_used_bytes", "nv_gpu_memory_total_bytes", "nv_gpu_power_usage"}
+
+
+def load_module(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def build_args(dockerfile: Path) -> dict[str, str]:
+    return dict(re.findall(r"^ARG (\w+)=(\S*)$", dockerfile.read_text(), flags=re.M))
+
+
+def scrape(host: str, port: int) -> str:
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
+        return response.read().decode()
+
+
+def samples(text: str, name: str, **labels) -> float:
+    """Sum of the samples of metric `name` whose labels include `labels`."""
+    total = 0.0
+    for match in re.finditer(rf"^{re.escape(name)}(?:{{(.*?)}})? (\S+)$", text, flags=re.M):
+        found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1) or ""))
+        if labels.items() <= found.items():
+            total += float(match.group(2))
+    return total
+
+
+def metric_names(text: str) -> set[str]:
+    return set(re.findall(r"^([a-zA-Z_:][\w:]*)(?:{| )", text, flags=re.M))
