@@ -4,21 +4,15 @@
 #   1. perf_analyzer, closed loop, concurrency 200 (python -m bench.e2e_bench --url ...), and
 #   2. Locust, closed loop, 200 users (python -m loadtest ...), once per LOCUST_PROCESSES entry,
 # each recording its own CPU cost. Run from the repo root with .kit carried; everything lands in $OUT.
-set -euo pipefail
-export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/h200_acceptance}
-mkdir -p "$OUT"
-IMAGE_PYTHON=${IMAGE_PYTHON:-/opt/torch/.venv/bin/python3}
+# shellcheck source=bench/device_preamble.sh
+source bench/device_preamble.sh
 SETTINGS=${SETTINGS:-bench/bert-base-h200.toml}
 USERS=${USERS:-200}
 DURATION=${DURATION:-60s}
 LOCUST_PROCESSES=${LOCUST_PROCESSES:-4 8}
-GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 || true)
-echo "GPU: $GPU_NAME, $(nproc) cores, $(date -u +%FT%TZ)"
-
 if [ "${EXPORT:-1}" = 1 ]; then
-  "$IMAGE_PYTHON" -m export --settings "$SETTINGS" --tokenizer .kit/tokenizer.json > "$OUT/export.log" 2>&1 || { tail -30 "$OUT/export.log"; exit 1; }
-  tail -2 "$OUT/export.log"
+  export_model "$SETTINGS"
 fi
 
 # shellcheck source=bench/device_env.sh

@@ -6,25 +6,21 @@
 # "encoder.instances=4;engine.options.spin_us=0", or "mps" to run it under CUDA MPS; each measured at
 # VARIANT_SHAPES). Results land in
 # $OUT (the device tool brings back at most 8 files: the JSON results, the py-spy profile and two logs).
-set -euo pipefail
-export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/h200_out}
-mkdir -p "$OUT"
-IMAGE_PYTHON=${IMAGE_PYTHON:-/opt/torch/.venv/bin/python3}
+EXPORT_LOG=/tmp/export.log  # not in $OUT: the device tool brings back few files
+# shellcheck source=bench/device_preamble.sh
+source bench/device_preamble.sh
 SETTINGS=${SETTINGS:-bench/bert-base-h200.toml bench/bert-base-h200-two-stage.toml}
 SHAPES=${SHAPES:-1x1,1x8,1x32,1x64,8x64,1x128,1x200,1x256}
 VARIANTS=${VARIANTS:-}  # variants separated by "|", the overrides of one by ";"
 VARIANT_SHAPES=${VARIANT_SHAPES:-1x1,1x256}
 ENGINE_BATCHES=${ENGINE_BATCHES:-1,8,32,128,512,1024}
 read -r -a settings_files <<<"$SETTINGS"
-GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 || true)
-echo "GPU: $GPU_NAME, $(nproc) cores, $(date -u +%FT%TZ)"
 
 # Export and the engine benchmark's transformers baseline run in the image's own Python (numpy 2). Every
 # settings file here names the same model, so one export serves them all.
 if [ "${EXPORT:-1}" = 1 ]; then
-  "$IMAGE_PYTHON" -m export --settings "${settings_files[0]}" --tokenizer .kit/tokenizer.json > /tmp/export.log 2>&1 || { tail -30 /tmp/export.log; exit 1; }
-  tail -4 /tmp/export.log
+  export_model "${settings_files[0]}"
 fi
 if [ "${ENGINE_BENCH:-1}" = 1 ]; then
   "$IMAGE_PYTHON" -m bench.engine_bench --out "$OUT" --no-baseline --batch-sizes "$ENGINE_BATCHES" \
