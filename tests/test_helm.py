@@ -322,6 +322,35 @@ def test_single_gpu_overlay_pins_the_gpu_product(chart):
     assert "PodDisruptionBudget" not in objects and "HorizontalPodAutoscaler" not in objects
 
 
+def test_mig_overlay_asks_for_one_slice_where_slices_are(chart):
+    """Single strategy: the slice is the device plugin's nvidia.com/gpu, on nodes GPU feature discovery labels with
+    the sliced product; mixed: the profile's own resource. The count is the settings' encoder.gpus either way."""
+    values = overlay("mig")
+    objects = render(chart, values)
+    spec, container = pod_spec(objects), server_container(objects)
+    assert container["resources"]["limits"][GPU] == 1 == container["resources"]["requests"][GPU]
+    assert spec["nodeSelector"] == {
+        "nvidia.com/gpu.product": "NVIDIA-H200-MIG-1g.18gb",
+        "nvidia.com/mig.strategy": "single",
+    }
+    assert [t["key"] for t in spec["tolerations"]] == [GPU]
+    assert objects["Deployment"][0]["spec"]["replicas"] == 7
+
+    values["gpu"]["mig"]["strategy"] = "mixed"
+    objects = render(chart, values)
+    spec, container = pod_spec(objects), server_container(objects)
+    assert container["resources"]["limits"] == {"memory": "10Gi", "nvidia.com/mig-1g.18gb": 1}
+    assert (
+        container["resources"]["requests"]["nvidia.com/mig-1g.18gb"] == 1
+        and GPU not in container["resources"]["requests"]
+    )
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200", "nvidia.com/mig.strategy": "mixed"}
+
+    values["gpu"]["mig"]["profile"] = ""
+    with pytest.raises(helm_python.HelmRenderError, match=re.escape("gpu.mig.profile is required")):
+        render(chart, values)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Autoscaling, monitoring, dashboards
 # ---------------------------------------------------------------------------------------------------------

@@ -165,7 +165,7 @@ Resources with the GPUs the settings ask for (requests and limits equal, as exte
 {{- $resources := deepCopy (default dict (index . 1)) }}
 {{- $s := fromJson (include "bert-triton.settings" $root) }}
 {{- if gt (int $s.gpus) 0 }}
-{{- $name := $root.Values.gpu.resourceName }}
+{{- $name := include "bert-triton.gpuResourceName" $root }}
 {{- $_ := set $resources "limits" (merge (dict $name (int $s.gpus)) (default dict $resources.limits)) }}
 {{- $_ := set $resources "requests" (merge (dict $name (int $s.gpus)) (default dict $resources.requests)) }}
 {{- end }}
@@ -173,12 +173,51 @@ Resources with the GPUs the settings ask for (requests and limits equal, as exte
 {{- end }}
 
 {{/*
-Node selection for GPU pods: values nodeSelector plus nvidia.com/gpu.product when gpu.product is set.
+The extended resource a GPU of the settings is: gpu.resourceName, or with MIG's mixed strategy the slice
+profile's own resource (nvidia.com/mig-<profile>).
+*/}}
+{{- define "bert-triton.gpuResourceName" -}}
+{{- $mig := .Values.gpu.mig }}
+{{- if and (ne $mig.strategy "none") (not $mig.profile) }}
+{{- fail "gpu.mig.profile is required when gpu.mig.strategy is single or mixed (e.g. 1g.18gb on H200)" }}
+{{- end }}
+{{- if eq $mig.strategy "mixed" }}
+{{- printf "nvidia.com/mig-%s" $mig.profile }}
+{{- else }}
+{{- .Values.gpu.resourceName }}
+{{- end }}
+{{- end }}
+
+{{/*
+The GPU product TensorRT plans are cached under (engine cache, GPU_PRODUCT): gpu.product, with the MIG
+profile appended when pods run on slices (a plan is tuned for the SMs it sees). Empty without gpu.product.
+*/}}
+{{- define "bert-triton.gpuProduct" -}}
+{{- if .Values.gpu.product }}
+{{- if eq .Values.gpu.mig.strategy "none" }}
+{{- .Values.gpu.product }}
+{{- else }}
+{{- printf "%s-MIG-%s" .Values.gpu.product .Values.gpu.mig.profile }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Node selection for GPU pods: values nodeSelector, plus nvidia.com/gpu.product when gpu.product is set (with
+MIG's single strategy the sliced product, <product>-MIG-<profile>), plus nvidia.com/mig.strategy with MIG.
 */}}
 {{- define "bert-triton.nodeSelector" -}}
 {{- $selector := deepCopy (default dict .Values.nodeSelector) }}
+{{- $mig := .Values.gpu.mig }}
 {{- if .Values.gpu.product }}
-{{- $_ := set $selector "nvidia.com/gpu.product" .Values.gpu.product }}
+{{- $product := .Values.gpu.product }}
+{{- if eq $mig.strategy "single" }}
+{{- $product = printf "%s-MIG-%s" $product $mig.profile }}
+{{- end }}
+{{- $_ := set $selector "nvidia.com/gpu.product" $product }}
+{{- end }}
+{{- if ne $mig.strategy "none" }}
+{{- $_ := set $selector "nvidia.com/mig.strategy" $mig.strategy }}
 {{- end }}
 {{- if $selector }}
 {{- toYaml $selector }}
