@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := build/stamps/$(subst /,_,$(SETTINGS))
 
-.PHONY: setup export engines repo serve test lint typecheck bench loadtest reliability images compose bundle chart-check clean
+.PHONY: setup export engines repo serve test lint typecheck bench perf-check loadtest reliability images compose bundle chart-check clean
 
 setup: $(VENV)/.installed
 
@@ -57,6 +57,11 @@ typecheck: $(VENV)/.installed
 # CPU throughput of the ensemble against sentence-transformers encode() on the same texts.
 bench: $(STAMP).repo
 	$(PY) -m bench.cpu_throughput --settings $(SETTINGS)
+
+# Speed regression guard (CI runs it): served model vs sentence-transformers, a ratio from one run, against
+# bench/results/perf-baseline/cpu.json (bench/perf_check.py says how to refresh it).
+perf-check: $(STAMP).export
+	$(PY) -m bench.perf_check
 
 # Acceptance load test (Locust, headless) against a running deployment; the bar is the settings' [loadtest].
 #   make loadtest URL=10.0.0.5:8001 LOADTEST_ARGS="--users 200 --duration 60s --processes 8"

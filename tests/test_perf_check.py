@@ -1,0 +1,36 @@
+"""bench/perf_check.py's verdict: a ratio more than the margin below its baseline fails, naming both figures."""
+
+from __future__ import annotations
+
+import json
+
+from bench.perf_check import BASELINE, OTHER_MACHINE_MARGIN, compare, margin_for
+
+BASE = {"ratios": {"1x32": 1.3, "8x8": 1.4}}
+
+
+def test_within_the_margin_passes_and_below_it_fails_naming_both():
+    assert compare({"ratios": {"1x32": 1.05, "8x8": 1.5}}, BASE, 0.2) == []
+    (failure,) = compare({"ratios": {"1x32": 1.03, "8x8": 1.5}}, BASE, 0.2)
+    assert failure.startswith("1x32: 1.03x") and "baseline 1.3x" in failure
+
+
+def test_a_shape_missing_from_the_run_fails():
+    assert compare({"ratios": {"8x8": 1.4}}, BASE, 0.2) == [
+        "1x32: Nonex sentence-transformers, baseline 1.3x (more than 20% lower)"
+    ]
+
+
+def test_another_cpu_is_held_to_the_wider_margin():
+    here = {"cpu": "Intel(R) Xeon(R) Processor", "cores": 2}
+    assert margin_for(here, dict(here), 0.2) == 0.2
+    assert margin_for({"cpu": "AMD EPYC 9R14", "cores": 2}, here, 0.2) == OTHER_MACHINE_MARGIN
+    assert margin_for({**here, "cores": 16}, here, 0.2) == OTHER_MACHINE_MARGIN
+
+
+def test_the_recorded_baseline_and_the_caught_regression():
+    baseline = json.loads(BASELINE.read_text())
+    assert set(baseline["ratios"]) == {"1x32", "8x8"} and len(baseline["runs"]) == 3
+    caught = json.loads((BASELINE.parent / "caught-engine-threads-1.json").read_text())
+    assert "engine.threads=1" in caught["command"]
+    assert len(compare(caught, baseline, 0.2)) == 2, "the deliberate slowdown fails the check"
