@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 import importlib.util
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -269,6 +271,38 @@ def test_classification_head_matches_transformers(tmp_path, act):
         expected = model(input_ids=ids, attention_mask=mask).logits.numpy()
     assert logits.shape == (24, 3)
     np.testing.assert_allclose(logits, expected, atol=1e-5, rtol=1e-4)
+
+
+# Run in a process of its own: Triton picks its interpreter when the kernels are decorated, at import.
+INTERPRETED_KERNELS = """
+import sys
+import numpy as np
+from model_repository.stages.engine import load_engine
+lengths = np.array([5, 17, 33, 9, 64, 1], dtype=np.int64)
+ids = np.random.default_rng(0).integers(1000, 20000, size=int(lengths.sum())).astype(np.int32)
+rows = []
+for options in ({"kernels": "triton", "attention": "triton"}, {"kernels": "torch", "attention": "sdpa"}):
+    engine = load_engine("torch_gpu", sys.argv[1], "cpu", {"precision": "fp32", **options})
+    assert (engine.kernels, engine.attention) == (options["kernels"], options["attention"]), engine.kernels
+    rows.append(engine.forward_packed(ids, lengths))
+np.save(sys.argv[2], np.stack(rows))
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs OpenAI Triton (the dev extras pin it)")
+def test_triton_kernels_match_torch_ops_under_the_interpreter(minilm_dir, tmp_path):
+    """The GPU path's OpenAI Triton kernels (embedding + LayerNorm, residual + LayerNorm, GELU, varlen attention,
+    pooling) run on the CPU in Triton's interpreter, against the torch ops on the same packed batch."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = tmp_path / "rows.npy"
+    run = subprocess.run(
+        [sys.executable, "-c", INTERPRETED_KERNELS, str(minilm_dir), str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    triton_rows, torch_rows = np.load(out)
+    np.testing.assert_allclose(triton_rows, torch_rows, atol=2e-6, rtol=0)
+    assert np.abs(triton_rows - torch_rows).max() > 0, "the two paths ran different code"
 
 
 def test_bucket_padding_leaves_rows_unchanged(tmp_path):

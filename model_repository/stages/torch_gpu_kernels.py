@@ -47,15 +47,20 @@ if HAVE_TRITON:
         return xc * rstd[:, None] * g[None, :] + b[None, :]
 
     @triton.jit
-    def embed_ln_kernel(
-        IDS, POS, WORD, POSW, TYPE0, G, B, OUT, n_rows, eps,
-        HIDDEN: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
-    ):  # fmt: skip
+    def row_block(n_rows, HIDDEN: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr):
+        """This program's BLOCK_R rows and the BLOCK_H columns, with their masks (rows, cols and both)."""
         rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         cols = tl.arange(0, BLOCK_H)
         rmask = rows < n_rows
         cmask = cols < HIDDEN
-        mask = rmask[:, None] & cmask[None, :]
+        return rows, cols, rmask, cmask, rmask[:, None] & cmask[None, :]
+
+    @triton.jit
+    def embed_ln_kernel(
+        IDS, POS, WORD, POSW, TYPE0, G, B, OUT, n_rows, eps,
+        HIDDEN: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
+    ):  # fmt: skip
+        rows, cols, rmask, cmask, mask = row_block(n_rows, HIDDEN, BLOCK_H, BLOCK_R)
         ids = tl.load(IDS + rows, mask=rmask, other=0).to(tl.int64)
         pos = tl.load(POS + rows, mask=rmask, other=0).to(tl.int64)
         x = tl.load(WORD + ids[:, None] * HIDDEN + cols[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -72,11 +77,7 @@ if HAVE_TRITON:
         HIDDEN: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
     ):  # fmt: skip
         """Y <- LayerNorm(Y [+ R] [+ BIAS]) in place, statistics in fp32."""
-        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-        cols = tl.arange(0, BLOCK_H)
-        rmask = rows < n_rows
-        cmask = cols < HIDDEN
-        mask = rmask[:, None] & cmask[None, :]
+        rows, cols, _, cmask, mask = row_block(n_rows, HIDDEN, BLOCK_H, BLOCK_R)
         offs = rows.to(tl.int64)[:, None] * HIDDEN + cols[None, :]
         x = tl.load(Y + offs, mask=mask, other=0.0).to(tl.float32)
         if HAS_RES:
@@ -184,7 +185,8 @@ if HAVE_TRITON:
             acc = acc / tl.maximum(norm, 1e-12)
         tl.store(OUT + seq.to(tl.int64) * HIDDEN + cols, acc, mask=cmask)
 else:
-    layer_norm_rows = embed_ln_kernel = add_ln_kernel = gelu_kernel = varlen_attn_kernel = pool_kernel = None
+    row_block = layer_norm_rows = None
+    embed_ln_kernel = add_ln_kernel = gelu_kernel = varlen_attn_kernel = pool_kernel = None
 
 
 def torch_add_ln(y: torch.Tensor, res: torch.Tensor, g: torch.Tensor, b: torch.Tensor, eps: float) -> torch.Tensor:
