@@ -167,10 +167,17 @@ def make_app(upstream: str, max_body_bytes: int) -> web.Application:
     app[LIMIT] = max_body_bytes
 
     async def session(app: web.Application):
-        # Responses pass through as Triton encoded them (auto_decompress off); no limit on pooled connections.
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
+        # Responses pass through as Triton encoded them (auto_decompress off), so Triton may compress only what
+        # the client asked to be compressed: no Accept-Encoding of aiohttp's own. Idle pooled connections close
+        # after a second: Triton's shutdown waits for its HTTP connections to go (up to its exit timeout).
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=1.0)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=2)
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as client:
+        async with aiohttp.ClientSession(
+            connector=connector,
+            timeout=timeout,
+            auto_decompress=False,
+            skip_auto_headers=("Accept-Encoding", "User-Agent"),
+        ) as client:
             app[SESSION] = client
             yield
 

@@ -121,6 +121,21 @@ def test_gzip_bodies_are_inflated_within_the_limit(launcher):
     assert status == 415, answer
 
 
+def test_responses_are_compressed_only_when_the_client_asks(launcher):
+    """curl without --compressed sends no Accept-Encoding: it gets plain JSON, whatever the front's HTTP client
+    would have asked Triton for."""
+    for accept, encoding in ((None, None), ("deflate", "deflate")):
+        connection = http.client.HTTPConnection("127.0.0.1", launcher.ports.http, timeout=60)
+        headers = {"Accept-Encoding": accept} if accept else {}
+        connection.request("POST", "/v2/models/ensemble/infer", body=infer_body(["plain"]), headers=headers)
+        response = connection.getresponse()
+        body = response.read()
+        connection.close()
+        assert response.status == 200 and response.getheader("Content-Encoding") == encoding
+        if encoding is None:
+            assert json.loads(body)["outputs"][0]["shape"] == [1, 384]
+
+
 def test_http_client_through_the_front_matches_grpc(launcher, sentences):
     """tritonclient's HTTP (binary tensor data) passes the front unchanged."""
     with (
