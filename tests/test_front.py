@@ -126,8 +126,12 @@ def test_responses_are_compressed_only_when_the_client_asks(launcher):
     would have asked Triton for."""
     for accept, encoding in ((None, None), ("deflate", "deflate")):
         connection = http.client.HTTPConnection("127.0.0.1", launcher.ports.http, timeout=60)
-        headers = {"Accept-Encoding": accept} if accept else {}
-        connection.request("POST", "/v2/models/ensemble/infer", body=infer_body(["plain"]), headers=headers)
+        body = infer_body(["plain"])
+        connection.putrequest("POST", "/v2/models/ensemble/infer", skip_accept_encoding=True)  # as curl does
+        if accept:
+            connection.putheader("Accept-Encoding", accept)
+        connection.putheader("Content-Length", str(len(body)))
+        connection.endheaders(body)
         response = connection.getresponse()
         body = response.read()
         connection.close()
