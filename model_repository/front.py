@@ -130,7 +130,9 @@ async def forward(request: web.Request) -> web.Response:
     try:
         body = await read_body(request, request.app[LIMIT])
     except BodyError as exc:
-        return error(exc.status, str(exc))
+        refused = error(exc.status, str(exc))
+        refused.force_close()  # the rest of the body is not read (nor decoded): this connection ends here
+        return refused
     headers = {name: value for name, value in request.headers.items() if name.lower() not in DROPPED}
     headers.pop("Content-Encoding", None)  # the body was inflated as it was read
     binary_header = request.headers.get(BINARY_HEADER)
