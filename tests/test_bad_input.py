@@ -41,21 +41,27 @@ def good_after(server):
 
 
 @pytest.mark.parametrize(
-    "text",
+    ("text", "same_as"),
     [
-        pytest.param("", id="empty"),
-        pytest.param("   \t\n  ", id="whitespace-only"),
-        pytest.param("abc\x00\x07\x1bdef", id="control-characters"),
-        pytest.param("😀🎉 東京は日本の首都です مرحبا بالعالم", id="emoji-cjk-rtl"),
-        pytest.param("word " * 5000, id="more-tokens-than-max"),
-        pytest.param("x" * (1 << 20), id="one-megabyte"),
+        pytest.param("", None, id="empty"),  # [CLS] [SEP], as sentence-transformers embeds it
+        pytest.param("   \t\n  ", "", id="whitespace-only"),
+        pytest.param("abc\x00\x07\x1bdef", "abcdef", id="control-characters"),  # dropped by the normalizer
+        pytest.param("😀🎉 東京は日本の首都です مرحبا بالعالم", None, id="emoji-cjk-rtl"),
+        pytest.param("word " * 5000, "word " * 300, id="more-tokens-than-max"),  # both past max_tokens
+        pytest.param("x" * (1 << 20), "x" * 101, id="one-megabyte"),  # one word past WordPiece's 100: [UNK]
     ],
 )
-def test_odd_texts_embed(server, good_after, text):
+def test_odd_texts_embed_as_documented(server, good_after, reference_model, text, same_as):
+    """Each odd text embeds as the README says: as sentence-transformers does, or as the text it amounts to."""
     with TextClient(server.grpc_url, "grpc") as client:
-        embedding = client.embed([text])
-    assert embedding.shape == (1, 384) and np.isfinite(embedding).all()
-    np.testing.assert_allclose(np.linalg.norm(embedding), 1.0, rtol=1e-4)
+        got, *equivalent = client.embed([text] if same_as is None else [text, same_as])
+    assert np.isfinite(got).all()
+    if same_as is None:
+        reference = reference_model.encode([text], convert_to_numpy=True)[0]
+        cosine = got @ reference / (np.linalg.norm(got) * np.linalg.norm(reference))
+        assert cosine >= 0.9999, cosine
+    else:
+        np.testing.assert_allclose(got, equivalent[0], atol=1e-6, rtol=0)
 
 
 def test_truncation_is_to_the_first_max_tokens(server, good_after, settings):

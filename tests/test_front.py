@@ -202,3 +202,14 @@ def test_the_front_answers_503_while_tritonserver_restarts(launcher):
 def test_infer_request_problem(body, header, problem):
     found = infer_request_problem(body, header)
     assert found == problem if problem is None else problem in found
+
+
+def test_the_http_client_rides_out_a_tritonserver_restart(launcher):
+    """Through the front the client sees 503 while tritonserver is down, and retries it until the restart."""
+    os.kill(launcher.triton_pid, signal.SIGKILL)
+    time.sleep(0.3)
+    assert launcher.ready()[0] == 503
+    started = time.monotonic()
+    with TextClient(f"http://127.0.0.1:{launcher.ports.http}", timeout_s=60) as client:
+        assert client.embed(["after a crash"]).shape == (1, 384)
+    assert time.monotonic() - started > 0.5, "answered only once tritonserver was back (1 s backoff at least)"
