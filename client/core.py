@@ -129,8 +129,9 @@ def encode_texts(texts: Sequence[str]) -> list[bytes]:
     return encoded
 
 
-def text_input(module, texts: Sequence[str]):
-    data = np.array(encode_texts(texts), dtype=np.object_).reshape(-1, 1)
+def text_input(module, encoded: Sequence[bytes]):
+    """The `text` input tensor of a request, from texts already UTF-8 (encode_texts)."""
+    data = np.array(encoded, dtype=np.object_).reshape(-1, 1)
     tensor = module.InferInput(TEXT_INPUT, list(data.shape), "BYTES")
     tensor.set_data_from_numpy(data)
     return tensor
@@ -149,8 +150,8 @@ def batch_limit(config) -> int:
     return int((config.get("config", config)).get("max_batch_size", 0))
 
 
-def chunks(texts: Sequence[str], limit: int) -> list[Sequence[str]]:
-    return [texts[i : i + limit] for i in range(0, len(texts), limit)] if limit else [texts]
+def chunks(items: Sequence, limit: int) -> list[Sequence]:
+    return [items[i : i + limit] for i in range(0, len(items), limit)] if limit else [items]
 
 
 def join_outputs(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -246,12 +247,12 @@ class TextClient(_Base):
 
     def infer(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
         """Every output by name for `texts`; more texts than the model's max_batch_size go as several requests."""
-        encode_texts(texts)  # a text without UTF-8 is named before anything is sent
+        encoded = encode_texts(texts)  # a text without UTF-8 is named before anything is sent
         self._describe()
-        return join_outputs([self._infer_one(part) for part in chunks(texts, self._max_batch)])
+        return join_outputs([self._infer_one(part) for part in chunks(encoded, self._max_batch)])
 
-    def _infer_one(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
-        tensor = text_input(self._module, texts)
+    def _infer_one(self, encoded: Sequence[bytes]) -> dict[str, np.ndarray]:
+        tensor = text_input(self._module, encoded)
         result = self._call(lambda remaining: self._client.infer(self.model, [tensor], **self._infer_kwargs(remaining)))
         return decode_outputs(result, self._outputs)
 
@@ -303,13 +304,13 @@ class AsyncTextClient(_Base):
         return self._outputs
 
     async def infer(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
-        encode_texts(texts)
+        encoded = encode_texts(texts)
         await self._describe()
-        parts = await asyncio.gather(*(self._infer_one(part) for part in chunks(texts, self._max_batch)))
+        parts = await asyncio.gather(*(self._infer_one(part) for part in chunks(encoded, self._max_batch)))
         return join_outputs(list(parts))
 
-    async def _infer_one(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
-        tensor = text_input(self._module, texts)
+    async def _infer_one(self, encoded: Sequence[bytes]) -> dict[str, np.ndarray]:
+        tensor = text_input(self._module, encoded)
         result = await self._call(
             lambda remaining: self._client.infer(self.model, [tensor], **self._infer_kwargs(remaining))
         )

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from tokenizers import pre_tokenizers
 from tritonclient.utils import InferenceServerException
 
-from client.core import text_input
+from client.core import encode_texts, text_input
 from common.padding import pad_sequences
 from common.tokenizer_config import load_tokenizer
 from export.checkpoint import tokenizer_file
@@ -156,7 +156,7 @@ def test_prefix_fast_path_encodes_a_batch_in_one_call_and_leftovers_in_one_more(
 @FUZZ
 @given(texts=st.lists(st.text(max_size=200), min_size=1, max_size=8))
 def test_client_encodes_any_unicode_losslessly(texts):
-    tensor = text_input(grpcclient, texts)
+    tensor = text_input(grpcclient, encode_texts(texts))
     assert tensor.shape() == [len(texts), 1] and tensor.datatype() == "BYTES"
     raw = tensor._get_content()  # length-prefixed UTF-8, as sent on the wire
     decoded, offset = [], 0
