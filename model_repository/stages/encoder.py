@@ -24,7 +24,7 @@ from common.padding import unpad
 
 from .engine import engine_from_args
 from .model_args import model_config
-from .stage_metrics import StageMetrics, encoder_metrics
+from .stage_metrics import StageMetrics, encoder_counts, encoder_metrics
 
 
 class TritonPythonModel:
@@ -39,13 +39,7 @@ class TritonPythonModel:
         self._metrics = StageMetrics(pb_utils, "encoder", args, encoder_metrics(max_batch_size))
 
     def _record(self, sequences: int, real_tokens: int) -> None:
-        self._metrics.add(
-            {
-                "bert_encoder_sequences_per_execute": sequences,
-                "bert_encoder_real_tokens_total": real_tokens,
-                "bert_encoder_padded_tokens_total": self.engine.computed_tokens,
-            }
-        )
+        self._metrics.add(encoder_counts(sequences, real_tokens, self.engine.computed_tokens))
 
     def execute(self, requests: list) -> list:
         packed = [

@@ -154,6 +154,24 @@ def encoder_metrics(max_batch_size: int) -> dict[str, tuple[str, str, list[float
     }
 
 
+def tokenizer_counts(requests: int, lengths) -> dict[str, float]:
+    """What one tokenizing execute() adds to tokenizer_metrics: its requests, and the tokens of its texts."""
+    values = {"bert_tokenizer_requests_total": requests}
+    if len(lengths):
+        values["bert_tokenizer_tokens_total"] = int(lengths.sum())
+        values["bert_tokenizer_texts_per_execute"] = len(lengths)
+    return values
+
+
+def encoder_counts(sequences: int, real_tokens: int, computed_tokens: int) -> dict[str, float]:
+    """What one engine call adds to encoder_metrics."""
+    return {
+        "bert_encoder_sequences_per_execute": sequences,
+        "bert_encoder_real_tokens_total": real_tokens,
+        "bert_encoder_padded_tokens_total": computed_tokens,
+    }
+
+
 def power_of_two_buckets(limit: int) -> list[float]:
     """Histogram bucket bounds 1, 2, 4, ... up to the first power of two >= limit."""
     bounds = [1.0]

@@ -24,7 +24,7 @@ from common.contract import TEXT_INPUT
 from .classification import label_array, scores_and_labels
 from .engine import engine_from_args
 from .model_args import instance_count, model_config
-from .stage_metrics import StageMetrics, encoder_metrics, tokenizer_metrics
+from .stage_metrics import StageMetrics, encoder_counts, encoder_metrics, tokenizer_counts, tokenizer_metrics
 from .tokenization import TextInput
 
 
@@ -65,18 +65,9 @@ class TritonPythonModel:
         return responses
 
     def _record(self, requests: int, lengths: np.ndarray) -> None:
-        values = {"bert_tokenizer_requests_total": requests}
+        values = tokenizer_counts(requests, lengths)
         if len(lengths):
-            tokens = int(lengths.sum())
-            values.update(
-                {
-                    "bert_tokenizer_tokens_total": tokens,
-                    "bert_tokenizer_texts_per_execute": len(lengths),
-                    "bert_encoder_sequences_per_execute": len(lengths),
-                    "bert_encoder_real_tokens_total": tokens,
-                    "bert_encoder_padded_tokens_total": self.engine.computed_tokens,
-                }
-            )
+            values |= encoder_counts(len(lengths), int(lengths.sum()), self.engine.computed_tokens)
         self._metrics.add(values)
 
     def finalize(self) -> None:

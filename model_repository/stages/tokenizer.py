@@ -24,7 +24,7 @@ from common.contract import ENGINE_INPUTS, TEXT_INPUT
 from common.padding import pad_packed
 
 from .model_args import instance_count, model_config
-from .stage_metrics import StageMetrics, tokenizer_metrics
+from .stage_metrics import StageMetrics, tokenizer_counts, tokenizer_metrics
 from .tokenization import TextInput
 
 
@@ -41,11 +41,7 @@ class TritonPythonModel:
         self._metrics = StageMetrics(pb_utils, "tokenizer", args, tokenizer_metrics(max_batch_size))
 
     def _record(self, requests: int, lengths: np.ndarray) -> None:
-        values = {"bert_tokenizer_requests_total": requests}
-        if len(lengths):
-            values["bert_tokenizer_tokens_total"] = int(lengths.sum())
-            values["bert_tokenizer_texts_per_execute"] = len(lengths)
-        self._metrics.add(values)
+        self._metrics.add(tokenizer_counts(requests, lengths))
 
     def execute(self, requests: list) -> list:
         raws = [pb_utils.get_input_tensor_by_name(request, TEXT_INPUT).as_numpy() for request in requests]
