@@ -374,6 +374,20 @@ def supervise(server: TritonServer) -> int:
             return 0
 
 
+def start_front(server: TritonServer, settings: Settings) -> None:
+    """The HTTP front on server.http_port, once every port is known to be free: a second `make serve` names
+    the busy one and leaves nothing behind."""
+    problem = port_problem(server.host, server.ports.http, "server.http_port")
+    if problem:
+        raise ServerError(problem)
+    server.check_ports()
+    front = settings.front
+    server.front = FrontWorkers(
+        front.workers, server.host, server.ports.http, server.ports.triton_http, front.max_body_bytes
+    )
+    server.front.start()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m model_repository.server", description=__doc__)
     parser.add_argument("--settings", help="settings file (default: model_repository/settings.toml)")
@@ -411,19 +425,11 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=health.serve_forever, name="health", daemon=True).start()
     try:
         if ports.triton_http:
-            # Every port before anything starts: a second `make serve` names the busy one and leaves nothing.
-            problem = port_problem(server.host, ports.http, "server.http_port")
-            if problem:
-                print(f"serve failed: {problem}", file=sys.stderr)
-                return 1
             try:
-                server.check_ports()
-            except ServerError as exc:
+                start_front(server, settings)
+            except RuntimeError as exc:  # a busy port (ServerError), or a front that did not come up
                 print(f"serve failed: {exc}", file=sys.stderr)
                 return 1
-            front = settings.front
-            server.front = FrontWorkers(front.workers, server.host, ports.http, ports.triton_http, front.max_body_bytes)
-            server.front.start()
         return supervise(server)
     finally:
         if server.front:
