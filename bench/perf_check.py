@@ -23,13 +23,12 @@ import json
 import os
 import statistics
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bench.cpu_throughput import cpu_name, ensemble_rate
+from bench.cpu_throughput import cpu_name, encode_rate, ensemble_rate, sentence_transformer
+from bench.e2e_bench import parse_shapes
 from common.settings import ROOT, load_settings
-from export.checkpoint import resolve_source
 from loadtest.corpus import load_text
 from model_repository.generate import generate
 from model_repository.server import TritonServer
@@ -43,43 +42,31 @@ def measure(settings_path: str | None, overrides: list[str], texts: list[str], s
     """Per shape, the median over rounds of ensemble texts/s / sentence-transformers texts/s, where each round
     times sentence-transformers, then each shape, then sentence-transformers again (both sides drift on a
     shared machine, and a round's ratio only compares what ran side by side)."""
-    from sentence_transformers import SentenceTransformer
-
     settings = load_settings(settings_path, overrides)
-    model = SentenceTransformer(str(resolve_source(settings.model.source)), device="cpu")
-    model.encode(texts[:64], batch_size=32)
-
-    def reference() -> float:
-        started = time.perf_counter()
-        model.encode(texts, batch_size=32)
-        return len(texts) / (time.perf_counter() - started)
-
+    model = sentence_transformer(settings.model.source, texts, 32)
     work_dir = settings.build_dir / "perf_check"
     repository = generate(settings, settings.export_dir, work_dir / "model_repository")
+    loads = dict(zip(shapes, parse_shapes(",".join(shapes)), strict=True))  # "1x32" -> (1, 32)
     ratios: dict[str, list[float]] = {shape: [] for shape in shapes}
     rates: dict[str, list[float]] = {shape: [] for shape in shapes}
-    references = []
     with TritonServer(settings, repository, Ports.free(), "127.0.0.1", work_dir=work_dir) as server:
-        for shape in shapes:  # warm-up
-            per_request, concurrency = (int(x) for x in shape.split("x"))
+        for per_request, concurrency in loads.values():  # warm-up
             asyncio.run(ensemble_rate(server.grpc_url, texts[:64], per_request, concurrency))
-        before = reference()
+        references = [encode_rate(model, texts, 32)]
         for _ in range(rounds):
-            served = {}
-            for shape in shapes:
-                per_request, concurrency = (int(x) for x in shape.split("x"))
-                served[shape] = asyncio.run(ensemble_rate(server.grpc_url, texts, per_request, concurrency))[0]
-            after = reference()
-            references.append(round(before, 1))
+            served = {
+                shape: asyncio.run(ensemble_rate(server.grpc_url, texts, per_request, concurrency))[0]
+                for shape, (per_request, concurrency) in loads.items()
+            }
+            references.append(encode_rate(model, texts, 32))
             for shape, rate in served.items():
                 rates[shape].append(round(rate, 1))
-                ratios[shape].append(rate / ((before + after) / 2))
-            before = after
+                ratios[shape].append(rate / ((references[-2] + references[-1]) / 2))
     return {
         "ratios": {shape: round(statistics.median(values), 3) for shape, values in ratios.items()},
         "round_ratios": {shape: [round(v, 3) for v in values] for shape, values in ratios.items()},
         "ensemble_texts_per_s": rates,
-        "sentence_transformers_texts_per_s": references,
+        "sentence_transformers_texts_per_s": [round(rate, 1) for rate in references],
     }
 
 
