@@ -21,6 +21,7 @@ import grpc
 import torch
 from tritonclient.grpc import service_pb2
 
+from bench.e2e_bench import parse_shapes
 from client.core import GRPC_CHANNEL_ARGS, MODEL_INFER, model_infer_request
 from common.settings import load_settings
 from export.checkpoint import resolve_source
@@ -101,8 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     # Its own repository, generated from these settings and overrides (not whatever `make repo` left).
     repository = generate(settings, settings.export_dir, bench_dir / "model_repository")
     with TritonServer(settings, repository, Ports.free(), "127.0.0.1", work_dir=bench_dir) as server:
-        for shape in args.shapes.split(","):
-            per_request, concurrency = (int(x) for x in shape.split("x"))
+        for per_request, concurrency in parse_shapes(args.shapes):
             rate, client_us = asyncio.run(ensemble_rate(server.grpc_url, texts, per_request, concurrency))
             runs.append(
                 {
