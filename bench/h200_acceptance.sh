@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # One device call on the H200 for the acceptance bar (issue 5): one tritonserver with the GPU ensemble
-# (bench/bert-base-h200.toml), then against that same server
+# (model_repository/variants/bert-base-h200.toml), then against that same server
 #   1. perf_analyzer, closed loop, concurrency 200 (python -m bench.e2e_bench --url ...), and
 #   2. Locust, closed loop, 200 users (python -m loadtest ...), once per LOCUST_PROCESSES entry,
 # each recording its own CPU cost. Run from the repo root with .kit carried; everything lands in $OUT.
 OUT=${OUT:-/tmp/h200_acceptance}
 # shellcheck source=bench/device_preamble.sh
 source bench/device_preamble.sh
-SETTINGS=${SETTINGS:-bench/bert-base-h200.toml}
+SETTINGS=${SETTINGS:-model_repository/variants/bert-base-h200.toml}
 USERS=${USERS:-200}
 DURATION=${DURATION:-60s}
 LOCUST_PROCESSES=${LOCUST_PROCESSES:-4 8}

@@ -25,95 +25,103 @@ class SettingsError(ValueError):
     """The settings file is malformed or inconsistent."""
 
 
+# The sections of a settings file. No defaults here: model_repository/settings.toml writes every value once,
+# with what it means, and any other settings file states only what differs from it (load_settings).
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelSettings:
     source: str
     name: str
-    task: str = "embedding"
-    max_tokens: int = 256
+    task: str
+    max_tokens: int
 
 
 @dataclasses.dataclass(frozen=True)
 class EngineSettings:
-    kind: str = "onnxruntime_cpu"
-    precision: str = "fp32"
-    threads: int = 2
-    onnx_opset: int = 17
-    onnx_tolerance: float = 1e-4
-    options: dict = dataclasses.field(default_factory=dict)  # the engine's own options (its module docstring)
+    kind: str
+    precision: str
+    threads: int
+    onnx_opset: int
+    onnx_tolerance: float
+    options: dict  # the engine's own options (its module docstring)
 
 
 @dataclasses.dataclass(frozen=True)
 class TensorRTSettings:
     """Optimization profiles and builder options for `make engines` (engine.kind = "tensorrt")."""
 
-    sequence_buckets: tuple[int, ...] = (16, 32, 64, 128, 256)
-    tokens_per_batch: int = 16384  # a profile's opt batch: tokens_per_batch // bucket, within max_batch_size
-    workspace_mib: int = 4096
-    optimization_level: int = 3
-    cuda_graphs: bool = True
-    max_graph_batch: int = 64  # CUDA graphs per bucket for batch sizes 1, 2, 4, ... up to this
+    sequence_buckets: tuple[int, ...]
+    tokens_per_batch: int
+    workspace_mib: int
+    optimization_level: int
+    cuda_graphs: bool
+    max_graph_batch: int
 
 
 @dataclasses.dataclass(frozen=True)
 class StageSettings:
-    max_batch_size: int = 256
-    max_queue_delay_us: int = 0
-    instances: int = 1
-    preferred_batch_sizes: tuple[int, ...] = ()
-    gpus: tuple[int, ...] = ()
-    max_queue_size: int = 0  # requests waiting beyond this are rejected at once (UNAVAILABLE); 0: unbounded
-    queue_timeout_us: int = 0  # a request queued longer is rejected; 0: no timeout
+    max_batch_size: int
+    max_queue_delay_us: int
+    instances: int
+    preferred_batch_sizes: tuple[int, ...]
+    max_queue_size: int
+    queue_timeout_us: int
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderSettings(StageSettings):
+    gpus: tuple[int, ...]  # only the encoder runs on GPUs
 
 
 @dataclasses.dataclass(frozen=True)
 class TokenizerSettings(StageSettings):
-    max_text_bytes: int = 1 << 20  # a longer text (UTF-8) is refused before it is decoded or tokenized
-    max_request_bytes: int = 8 << 20  # the same for all texts of one request together
+    max_text_bytes: int
+    max_request_bytes: int
 
 
 @dataclasses.dataclass(frozen=True)
 class EnsembleSettings:
-    max_batch_size: int = 256  # texts per request
-    topology: str = "auto"
+    max_batch_size: int
+    topology: str
 
 
 @dataclasses.dataclass(frozen=True)
 class ServerSettings:
-    host: str = "127.0.0.1"
-    http_port: int = 8000
-    grpc_port: int = 8001
-    metrics_port: int = 8002
-    health_port: int = 8003  # the launcher's /ready and /live (Triton's own readiness misses dead stubs)
-    watchdog_interval_s: float = 0.5  # how often the launcher checks the stage stubs; 0 turns it off
-    exit_timeout_s: int = 10  # SIGTERM: serve until quiet (at most this long), then Triton has this long to finish
-    max_restarts: int = 5  # tritonserver deaths the launcher restarts within restart_window_s; one more: it gives up
-    restart_window_s: float = 300.0
-    build_dir: str = "build"
+    host: str
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    health_port: int
+    watchdog_interval_s: float
+    exit_timeout_s: int
+    max_restarts: int
+    restart_window_s: float
+    build_dir: str
 
 
 @dataclasses.dataclass(frozen=True)
 class FrontSettings:
     """The HTTP front (model_repository/front.py) on server.http_port, before tritonserver's own HTTP."""
 
-    workers: int = 1  # processes sharing server.http_port; 0: no front, Triton's HTTP on server.http_port itself
-    max_body_bytes: int = 16 << 20  # a larger HTTP body gets 413 before tritonserver sees it
-    triton_http_port: int = 8010  # tritonserver's HTTP behind the front, on 127.0.0.1 only
+    workers: int
+    max_body_bytes: int
+    triton_http_port: int
 
 
 @dataclasses.dataclass(frozen=True)
 class LoadTestSettings:
     """The acceptance bar `python -m loadtest` holds a deployment to; its flags override each value."""
 
-    protocol: str = "grpc"  # grpc | http
-    users: int = 200  # closed loop: each user sends its next request as soon as the last one is answered
-    duration_s: float = 60.0
-    batch_sizes: tuple[int, ...] = (1,)  # texts per request ...
-    batch_weights: tuple[float, ...] = (1.0,)  # ... and how often each size is sent
-    p50_ms: float = 15.0
-    p99_ms: float = 30.0
-    min_rps: float = 6700.0  # 200 users / 30 ms (Little's law): what the latency bar implies in a closed loop
-    max_fail_ratio: float = 0.0
+    protocol: str
+    users: int
+    duration_s: float
+    batch_sizes: tuple[int, ...]
+    batch_weights: tuple[float, ...]
+    p50_ms: float
+    p99_ms: float
+    min_rps: float
+    max_fail_ratio: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +129,7 @@ class Settings:
     model: ModelSettings
     engine: EngineSettings
     tokenizer: TokenizerSettings
-    encoder: StageSettings
+    encoder: EncoderSettings
     postprocess: StageSettings
     ensemble: EnsembleSettings
     server: ServerSettings
@@ -155,24 +163,43 @@ class Settings:
         data.pop("path")
         return data
 
+    def as_toml(self) -> str:
+        """The settings as one complete TOML file (every key, defaults resolved): what the chart embeds."""
+        lines: list[str] = []
+        for section, values in self.as_dict().items():
+            lines += ["", f"[{section}]"] if lines else [f"[{section}]"]
+            lines += [f"{key} = {_toml_value(value)}" for key, value in values.items()]
+        return "\n".join(lines) + "\n"
+
     def digest(self) -> str:
         """Stable hash of the settings' values, recorded in generated files."""
         return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a TOML basic string
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key} = {_toml_value(item)}" for key, item in value.items()) + "}"
+    return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+
+
 def _section(cls, raw: dict, name: str):
     values = dict(raw.get(name, {}))
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(values) - known
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown, missing = set(values) - fields, fields - set(values)
     if unknown:
         raise SettingsError(f"[{name}] has unknown keys: {', '.join(sorted(unknown))}")
+    if missing:  # only the defaults file can lack a key: every other file is read over it
+        raise SettingsError(f"{DEFAULT_SETTINGS.name} lacks [{name}] {', '.join(sorted(missing))}")
     for key in ("preferred_batch_sizes", "gpus", "sequence_buckets", "batch_sizes", "batch_weights"):
         if key in values:
             values[key] = tuple(values[key])
-    try:
-        return cls(**values)
-    except TypeError as exc:
-        raise SettingsError(f"[{name}]: {exc}") from None
+    return cls(**values)
 
 
 def _check(settings: Settings) -> None:
@@ -203,8 +230,6 @@ def _check(settings: Settings) -> None:
             raise SettingsError(f"[{name}] needs max_queue_size >= 0 and queue_timeout_us >= 0")
         if any(not 1 <= size <= stage.max_batch_size for size in stage.preferred_batch_sizes):
             raise SettingsError(f"[{name}] preferred_batch_sizes must lie in 1..max_batch_size")
-    if settings.tokenizer.gpus or settings.postprocess.gpus:
-        raise SettingsError("only the encoder runs on GPUs")
     for key in ("max_text_bytes", "max_request_bytes"):
         value = getattr(settings.tokenizer, key)
         if type(value) is not int or value < 1:
@@ -271,33 +296,52 @@ def apply_override(raw: dict, override: str) -> None:
     table[names[-1]] = parsed
 
 
-def load_settings(path: str | Path | None = None, overrides: tuple[str, ...] | list[str] = ()) -> Settings:
-    """The settings file (default: model_repository/settings.toml), checked; overrides as in apply_override."""
-    path = Path(path or DEFAULT_SETTINGS).resolve()
+def _read(path: Path) -> dict:
     try:
-        raw = tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise SettingsError(f"cannot read settings {path}: {exc}") from None
+
+
+def layered(path: str | Path | None = None, overrides: tuple[str, ...] | list[str] = ()) -> dict:
+    """The raw settings of a file read over the defaults file, key by key within each section (as Helm reads
+    -f values over values.yaml), then the overrides. A file other than the defaults names its model."""
+    path = Path(path or DEFAULT_SETTINGS).resolve()
+    raw = _read(DEFAULT_SETTINGS)
+    if path != DEFAULT_SETTINGS.resolve():
+        own = _read(path)
+        model = own.get("model", {})
+        if not isinstance(model, dict) or "source" not in model or "name" not in model:
+            raise SettingsError(f"{path}: [model] must name source and name (a model is never inherited)")
+        for section, values in own.items():
+            if not isinstance(values, dict):
+                raise SettingsError(f"{path}: {section} must be a [section]")
+            raw.setdefault(section, {}).update(values)
     for override in overrides:
         apply_override(raw, override)
+    return raw
+
+
+def load_settings(path: str | Path | None = None, overrides: tuple[str, ...] | list[str] = ()) -> Settings:
+    """The settings file (default: model_repository/settings.toml) over the defaults, checked; overrides as in
+    apply_override."""
+    raw = layered(path, overrides)
     known = {f.name for f in dataclasses.fields(Settings)} - {"path"}
     unknown = set(raw) - known
     if unknown:
         raise SettingsError(f"unknown sections: {', '.join(sorted(unknown))}")
-    if "model" not in raw:
-        raise SettingsError("the [model] section is required")
     settings = Settings(
         model=_section(ModelSettings, raw, "model"),
         engine=_section(EngineSettings, raw, "engine"),
         tokenizer=_section(TokenizerSettings, raw, "tokenizer"),
-        encoder=_section(StageSettings, raw, "encoder"),
+        encoder=_section(EncoderSettings, raw, "encoder"),
         postprocess=_section(StageSettings, raw, "postprocess"),
         ensemble=_section(EnsembleSettings, raw, "ensemble"),
         server=_section(ServerSettings, raw, "server"),
         front=_section(FrontSettings, raw, "front"),
         tensorrt=_section(TensorRTSettings, raw, "tensorrt"),
         loadtest=_section(LoadTestSettings, raw, "loadtest"),
-        path=path,
+        path=Path(path or DEFAULT_SETTINGS).resolve(),
     )
     _check(settings)
     return settings

@@ -70,7 +70,7 @@ def write_bundle(settings: Settings, out: Path) -> Path:
     if settings.engine.kind == "tensorrt":
         write_engine_inputs(settings, out)
     write_repository(settings, settings.export_dir, out / "model_repository")
-    shutil.copyfile(settings.path, out / "settings.toml")
+    (out / "settings.toml").write_text(settings.as_toml())  # complete: the chart has no defaults of its own
     return out
 
 

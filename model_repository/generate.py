@@ -19,7 +19,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 import common
 from common.contract import ENGINE_INPUTS, OPTION_PREFIX, SERVING_FILE, TEXT_INPUT, ServingSpec
 from common.profiles import graph_batches, profiles
-from common.settings import ROOT, Settings, SettingsError, StageSettings, load_settings
+from common.settings import ROOT, EncoderSettings, Settings, SettingsError, StageSettings, load_settings
 from common.tokenizer_config import load_tokenizer
 
 STAGES_DIR = Path(__file__).resolve().parent / "stages"
@@ -65,7 +65,7 @@ def _batching(stage: StageSettings, preferred: list[int] | None = None) -> mc.Mo
 
 
 def _instances(stage: StageSettings) -> list[mc.ModelInstanceGroup]:
-    if stage.gpus:
+    if isinstance(stage, EncoderSettings) and stage.gpus:  # only the encoder runs on GPUs
         return [
             mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_GPU, count=stage.instances, gpus=list(stage.gpus))
         ]

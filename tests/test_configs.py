@@ -10,8 +10,9 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from common import settings as settings_module
 from common.contract import ServingSpec
-from common.settings import SettingsError, load_settings
+from common.settings import ROOT, EncoderSettings, Settings, SettingsError, load_settings
 from model_repository.generate import generate
 
 STAGES = Path(__file__).resolve().parent.parent / "model_repository" / "stages"
@@ -32,7 +33,7 @@ def check_stage(config: mc.ModelConfig, stage) -> None:
         assert policy.timeout_action == mc.ModelQueuePolicy.REJECT
     (group,) = config.instance_group
     assert group.count == stage.instances
-    if stage.gpus:
+    if isinstance(stage, EncoderSettings) and stage.gpus:
         assert group.kind == mc.ModelInstanceGroup.KIND_GPU
         assert list(group.gpus) == list(stage.gpus)
     else:
@@ -185,6 +186,42 @@ def test_bad_settings_are_refused(tmp_path, old, new, message):
     path.write_text(load_settings().path.read_text().replace(old, new, 1))
     with pytest.raises(SettingsError, match=message):
         load_settings(path)
+
+
+def test_a_settings_file_states_only_what_differs_from_the_defaults(tmp_path):
+    path = tmp_path / "variant.toml"
+    path.write_text('[model]\nsource = "random-init:bert-base"\nname = "bert"\n\n[encoder]\ninstances = 3\n')
+    variant, defaults = load_settings(path), load_settings()
+    assert variant.encoder.instances == 3 and variant.model.name == "bert"
+    assert variant.encoder.max_batch_size == defaults.encoder.max_batch_size, "a key left out keeps its default"
+    assert variant.model.max_tokens == defaults.model.max_tokens and variant.server == defaults.server
+
+
+@pytest.mark.parametrize("model", ['[model]\nsource = "random-init:bert-base"\n', "[encoder]\ninstances = 3\n"])
+def test_a_settings_file_names_its_model(tmp_path, model):
+    path = tmp_path / "variant.toml"
+    path.write_text(model)
+    with pytest.raises(SettingsError, match="must name source and name"):
+        load_settings(path)
+
+
+def test_defaults_are_written_once_in_the_defaults_file():
+    sections = [field.type for field in dataclasses.fields(Settings) if field.name != "path"]
+    with_defaults = [
+        f"{section}.{field.name}"
+        for section in sections
+        for field in dataclasses.fields(getattr(settings_module, section))
+        if field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING
+    ]
+    assert not with_defaults, "defaults belong in model_repository/settings.toml only"
+
+
+@pytest.mark.parametrize("variant", sorted((ROOT / "model_repository" / "variants").glob("*.toml")), ids=str)
+def test_complete_settings_read_back_as_themselves(tmp_path, variant):
+    settings = load_settings(variant)
+    complete = tmp_path / "complete.toml"
+    complete.write_text(settings.as_toml())
+    assert load_settings(complete).as_dict() == settings.as_dict()
 
 
 @pytest.mark.parametrize(

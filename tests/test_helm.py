@@ -18,6 +18,7 @@ import helm_python
 import jsonschema
 import kubernetes_validate
 import pytest
+import tomllib
 import yaml
 from kubernetes_validate.utils import latest_version
 
@@ -31,8 +32,7 @@ CONFIGS = ["default", *OVERLAYS]
 KUBE_VERSIONS = ("1.29.0", latest_version())
 SETTINGS_FILES = [
     ROOT / "model_repository" / "settings.toml",
-    *sorted((ROOT / "bench").glob("*.toml")),
-    *sorted(VALUES_DIR.glob("*.toml")),
+    *sorted((ROOT / "model_repository" / "variants").glob("*.toml")),
 ]
 GPU_ENGINES = ("torch_gpu", "tensorrt")
 GPU = "nvidia.com/gpu"
@@ -113,7 +113,8 @@ def render(chart, values: dict | None = None) -> dict[str, list[dict]]:
 
 
 def with_settings(path: Path, **values) -> dict:
-    return {"settings": {"source": str(path.relative_to(ROOT)), "toml": path.read_text()}, **values}
+    """Values embedding a settings file as helm/sync_settings.py does: read over the defaults, complete."""
+    return {"settings": {"source": str(path.relative_to(ROOT)), "toml": load_settings(path).as_toml()}, **values}
 
 
 def server_container(objects) -> dict:
@@ -176,7 +177,7 @@ def test_values_schema_refuses_bad_values(chart):
         ({"engineBuild": {"enabled": True}}, "needs engine.kind"),
         (
             {
-                **with_settings(VALUES_DIR / "tensorrt-h200.toml"),
+                **with_settings(ROOT / "model_repository" / "variants" / "tensorrt-h200.toml"),
                 "engineBuild": {"enabled": True},
                 "modelRepository": {"source": "objectStore", "objectStore": {"uri": "s3://b/r"}},
             },
@@ -184,7 +185,7 @@ def test_values_schema_refuses_bad_values(chart):
         ),
         ({"modelRepository": {"source": "objectStore"}}, "objectStore.uri is required"),
         ({"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}}, "must not exceed"),
-        ({"settings": {"toml": "[server]\nhttp_port = 9000\n"}}, "no [model] section"),
+        ({"settings": {"toml": "[server]\nhttp_port = 9000\n"}}, "lacks [encoder] instances"),
         ({"settings": {"toml": "[model\n"}}, "not valid TOML"),
     ],
 )
@@ -206,10 +207,13 @@ def test_values_files_embed_their_settings_files():
     problems = [problem for problem in map(sync.stale, sync.VALUES_FILES) if problem]
     assert not problems, f"{problems}: run python helm/sync_settings.py"
     # The chart's default shape is the single-H200 benchmark's.
-    assert yaml.safe_load((CHART / "values.yaml").read_text())["settings"]["source"] == "bench/bert-base-h200.toml"
+    assert (
+        yaml.safe_load((CHART / "values.yaml").read_text())["settings"]["source"]
+        == "model_repository/variants/bert-base-h200.toml"
+    )
     # Rewriting from the source reproduces the file (the sync is idempotent).
     text = (CHART / "values.yaml").read_text()
-    assert sync.with_settings(text, (ROOT / "bench" / "bert-base-h200.toml").read_text()) == text
+    assert sync.with_settings(text, sync.resolved("model_repository/variants/bert-base-h200.toml")) == text
 
 
 @pytest.mark.parametrize("settings_file", SETTINGS_FILES, ids=lambda p: str(p.relative_to(ROOT)))
@@ -242,7 +246,7 @@ def test_chart_follows_the_settings_file(chart, settings_file):
 
     assert container["image"].endswith("-torch") == (settings.engine.kind == "torch_gpu")
     (config,) = objects["ConfigMap"]
-    assert config["data"]["settings.toml"].strip() == settings_file.read_text().strip()
+    assert tomllib.loads(config["data"]["settings.toml"]) == tomllib.loads(settings.as_toml())
 
 
 def test_ports_from_the_settings_reach_every_port(chart, tmp_path):
@@ -359,7 +363,8 @@ def test_autoscaled_overlay(chart):
     objects = render(chart, values)
     (deployment,) = objects["Deployment"]
     assert "replicas" not in deployment["spec"]  # the HPA owns the replica count
-    assert server_container(objects)["resources"]["limits"][GPU] == 2  # bench/bert-base-h200x2.toml: gpus [0, 1]
+    # model_repository/variants/bert-base-h200x2.toml: gpus [0, 1]
+    assert server_container(objects)["resources"]["limits"][GPU] == 2
 
     (hpa,) = objects["HorizontalPodAutoscaler"]
     assert hpa["apiVersion"] == "autoscaling/v2"

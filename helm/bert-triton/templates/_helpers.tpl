@@ -44,8 +44,9 @@ app.kubernetes.io/part-of: bert-triton
 {{- end }}
 
 {{/*
-The settings file (values settings.toml), parsed. The chart reads the deployment's shape from it, with the
-defaults of common/settings.py for keys the file leaves out. Returned as JSON: use
+The settings file (values settings.toml), parsed. The chart reads the deployment's shape from it and has no
+defaults of its own: the file is complete, as helm/sync_settings.py and helm/bundle.py write it (the
+settings read over model_repository/settings.toml). Returned as JSON: use
 `fromJson (include "bert-triton.settings" .)`.
 */}}
 {{- define "bert-triton.settings" -}}
@@ -53,37 +54,42 @@ defaults of common/settings.py for keys the file leaves out. Returned as JSON: u
 {{- if hasKey $raw "Error" }}
 {{- fail (printf "settings.toml is not valid TOML: %s" $raw.Error) }}
 {{- end }}
-{{- if not (hasKey $raw "model") }}
-{{- fail "settings.toml has no [model] section: it must be a complete settings file" }}
+{{- $read := dict "model" (list "task") "engine" (list "kind") "server" (list "http_port" "grpc_port" "metrics_port" "exit_timeout_s") "tokenizer" (list "instances") "encoder" (list "instances" "gpus") "postprocess" (list "instances") }}
+{{- range $section, $keys := $read }}
+{{- range $key := $keys }}
+{{- if not (hasKey (get $raw $section | default dict) $key) }}
+{{- fail (printf "settings.toml lacks [%s] %s: embed the complete file that `python helm/sync_settings.py` or `python helm/bundle.py` writes" $section $key) }}
 {{- end }}
-{{- $model := default dict $raw.model }}
-{{- $engine := default dict $raw.engine }}
-{{- $server := default dict $raw.server }}
-{{- $tokenizer := default dict $raw.tokenizer }}
-{{- $encoder := default dict $raw.encoder }}
-{{- $postprocess := default dict $raw.postprocess }}
-{{- $kind := default "onnxruntime_cpu" $engine.kind }}
-{{- $task := default "embedding" $model.task }}
+{{- end }}
+{{- end }}
+{{- $model := $raw.model }}
+{{- $engine := $raw.engine }}
+{{- $server := $raw.server }}
+{{- $tokenizer := $raw.tokenizer }}
+{{- $encoder := $raw.encoder }}
+{{- $postprocess := $raw.postprocess }}
+{{- $kind := $engine.kind }}
+{{- $task := $model.task }}
 {{- $gpus := 0 }}
 {{- if has $kind (list "torch_gpu" "tensorrt") }}
-{{- $gpus = len (default list $encoder.gpus) }}
+{{- $gpus = len $encoder.gpus }}
 {{- end }}
-{{- $instances := int (default 1 $tokenizer.instances) }}
+{{- $instances := int $tokenizer.instances }}
 {{- if ne $kind "tensorrt" }}
-{{- $instances = add $instances (int (default 1 $encoder.instances)) }}
+{{- $instances = add $instances (int $encoder.instances) }}
 {{- end }}
 {{- if eq $task "classification" }}
-{{- $instances = add $instances (int (default 1 $postprocess.instances)) }}
+{{- $instances = add $instances (int $postprocess.instances) }}
 {{- end }}
 {{- dict
     "engineKind" $kind
     "task" $task
     "gpus" $gpus
     "pythonInstances" $instances
-    "httpPort" (int (default 8000 $server.http_port))
-    "grpcPort" (int (default 8001 $server.grpc_port))
-    "metricsPort" (int (default 8002 $server.metrics_port))
-    "exitTimeoutS" (int (default 10 $server.exit_timeout_s))
+    "httpPort" (int $server.http_port)
+    "grpcPort" (int $server.grpc_port)
+    "metricsPort" (int $server.metrics_port)
+    "exitTimeoutS" (int $server.exit_timeout_s)
     | toJson }}
 {{- end }}
 
