@@ -1,7 +1,8 @@
 """python -m model_repository.server: run NVIDIA's real tritonserver (from the nvidia-pytriton wheel).
 
 Where tritonserver comes from and what is checked before it starts: triton_install.py; its command line:
-triton_command.py; the launcher's /ready, /live and /metrics: health.py; the HTTP front: front.py.
+triton_command.py; the launcher's /ready, /live and /metrics: health.py; the HTTP front: front.py; the metrics
+port (Triton's metrics with the GPUs' from NVML, as Triton's DCGM ones read 0 here): metrics_proxy.py.
 
 The launcher stays tritonserver's parent: it starts tritonserver again when it dies (bounded backoff, at most
 server.max_restarts within server.restart_window_s, then it exits non-zero), restarts a Python stage whose
@@ -16,6 +17,7 @@ still unloading, their shared memory) is removed with it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
@@ -34,8 +36,9 @@ from pathlib import Path
 from common.settings import Settings, SettingsError, load_settings
 from model_repository.front import FrontWorkers
 from model_repository.health import HealthEndpoint
+from model_repository.metrics_proxy import MetricsProxy
 from model_repository.process_control import die_with_parent, port_problem
-from model_repository.triton_command import Ports, server_command
+from model_repository.triton_command import Ports, free_ports, server_command
 from model_repository.triton_install import (
     ServerError,
     check_stub_python,
@@ -157,9 +160,13 @@ class TritonServer:
         """Refuse, naming the port and its setting, when something already listens on one of Triton's ports
         (a second `make serve`, say): otherwise tritonserver starts its stubs and only then fails."""
         http_host, http_port = self.ports.triton_http_address(self.host)
-        setting = "front.triton_http_port" if self.ports.triton_http else "server.http_port"
-        checks = [(http_host, http_port, setting)]
-        checks += [(self.host, getattr(self.ports, name), f"server.{name}_port") for name in ("grpc", "metrics")]
+        metrics_host, metrics_port = self.ports.triton_metrics_address(self.host)
+        metrics_setting = "--triton-metrics-port" if self.ports.triton_metrics else "server.metrics_port"
+        checks = [
+            (http_host, http_port, "front.triton_http_port" if self.ports.triton_http else "server.http_port"),
+            (self.host, self.ports.grpc, "server.grpc_port"),
+            (metrics_host, metrics_port, metrics_setting),
+        ]
         for host, port, setting in checks:
             problem = port_problem(host, port, setting)
             if problem:
@@ -346,8 +353,9 @@ def supervise(server: TritonServer) -> int:
             print(
                 f"tritonserver ready: HTTP {server.host}:{server.ports.http}"
                 f"{f' (front; tritonserver {server.http_url})' if server.front else ''}, "
-                f"gRPC {server.grpc_url}, metrics {server.host}:"
-                f"{server.ports.metrics}, launcher /ready, /live and /metrics on {server.host}:{server.ports.health}",
+                f"gRPC {server.grpc_url}, metrics {server.host}:{server.ports.metrics}"
+                f"{f' (tritonserver 127.0.0.1:{server.ports.triton_metrics})' if server.ports.triton_metrics else ''}, "
+                f"launcher /ready, /live and /metrics on {server.host}:{server.ports.health}",
                 flush=True,
             )
         code = server.process.wait()
@@ -388,6 +396,18 @@ def start_front(server: TritonServer, settings: Settings) -> None:
     server.front.start()
 
 
+def start_metrics(server: TritonServer) -> MetricsProxy:
+    """The metrics port, served by the launcher so that it answers while tritonserver restarts; tritonserver's
+    own metrics go to 127.0.0.1:ports.triton_metrics. Its ports are checked first, so that a busy one is
+    named in the order the settings list them."""
+    server.check_ports()
+    metrics_host, metrics_port = server.ports.triton_metrics_address(server.host)
+    proxy = MetricsProxy(server.host, server.ports.metrics, (metrics_host, metrics_port))
+    print(f"launcher: {proxy.describe()}", flush=True)
+    threading.Thread(target=proxy.serve_forever, name="metrics", daemon=True).start()
+    return proxy
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m model_repository.server", description=__doc__)
     parser.add_argument("--settings", help="settings file (default: model_repository/settings.toml)")
@@ -396,12 +416,16 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("http", "grpc", "metrics", "health"):
         parser.add_argument(f"--{name}-port", type=int, help=f"default: server.{name}_port from the settings")
     parser.add_argument("--triton-http-port", type=int, help="default: front.triton_http_port from the settings")
+    parser.add_argument(
+        "--triton-metrics-port", type=int, help="tritonserver's own metrics on 127.0.0.1 (default: a free port)"
+    )
     args = parser.parse_args(argv)
     try:
         settings = load_settings(args.settings)
         defaults = Ports.of(settings)
         names = ("http", "grpc", "metrics", "health", "triton_http")
         ports = Ports(*(getattr(args, f"{n}_port") or getattr(defaults, n) for n in names))
+        ports = dataclasses.replace(ports, triton_metrics=args.triton_metrics_port or free_ports(1)[0])
         server = TritonServer(settings, args.repository, ports, args.host, console_log=True)
         server.command()  # refuse a bad repository or stub interpreter before anything starts
     except (SettingsError, ServerError) as exc:
@@ -423,17 +447,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"serve failed: {exc}", file=sys.stderr)
         return 1
     threading.Thread(target=health.serve_forever, name="health", daemon=True).start()
+    metrics = None
     try:
-        if ports.triton_http:
-            try:
+        try:
+            if ports.triton_http:
                 start_front(server, settings)
-            except RuntimeError as exc:  # a busy port (ServerError), or a front that did not come up
-                print(f"serve failed: {exc}", file=sys.stderr)
-                return 1
+            metrics = start_metrics(server)
+        except RuntimeError as exc:  # a busy port (ServerError), or a front that did not come up
+            print(f"serve failed: {exc}", file=sys.stderr)
+            return 1
         return supervise(server)
     finally:
         if server.front:
             server.front.stop()
+        if metrics:
+            metrics.shutdown()
         health.shutdown()
 
 

@@ -28,17 +28,15 @@ class Ports:
     metrics: int
     health: int = 0  # the launcher's /ready and /live; 0: not served
     triton_http: int = 0  # tritonserver's own HTTP on 127.0.0.1 behind the HTTP front on `http`; 0: no front
+    # tritonserver's own metrics on 127.0.0.1 behind the launcher's metrics proxy on `metrics` (metrics_proxy.py);
+    # 0: tritonserver's metrics on host:metrics themselves
+    triton_metrics: int = 0
 
     @classmethod
     def free(cls) -> Ports:
-        """Five ports nothing listens on now (for tests and benchmarks beside a running server)."""
-        sockets = [socket.socket() for _ in range(5)]
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        ports = [sock.getsockname()[1] for sock in sockets]
-        for sock in sockets:
-            sock.close()
-        return cls(*ports)
+        """Ports nothing listens on now (for tests and benchmarks beside a running server), triton_metrics 0:
+        a TritonServer started on them serves its own metrics on `metrics`; the launcher picks triton_metrics."""
+        return cls(*free_ports(5))
 
     @classmethod
     def of(cls, settings: Settings) -> Ports:
@@ -49,6 +47,21 @@ class Ports:
     def triton_http_address(self, host: str) -> tuple[str, int]:
         """Where tritonserver's own HTTP listens: on loopback behind the front, else on host:http."""
         return ("127.0.0.1", self.triton_http) if self.triton_http else (host, self.http)
+
+    def triton_metrics_address(self, host: str) -> tuple[str, int]:
+        """Where tritonserver's own metrics listen: on loopback behind the launcher's proxy, else on host:metrics."""
+        return ("127.0.0.1", self.triton_metrics) if self.triton_metrics else (host, self.metrics)
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports on 127.0.0.1 that nothing listens on now."""
+    sockets = [socket.socket() for _ in range(count)]
+    for sock in sockets:
+        sock.bind(("127.0.0.1", 0))
+    ports = [sock.getsockname()[1] for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
 
 
 def server_command(
@@ -70,6 +83,7 @@ def server_command(
         f"--grpc-restricted-protocol=model-repository:{ADMIN_HEADER}={admin_key}",
     ]
     http_host, http_port = ports.triton_http_address(host)
+    metrics_host, metrics_port = ports.triton_metrics_address(host)
     return [
         str(binary),
         f"--model-repository={repository}",
@@ -78,8 +92,8 @@ def server_command(
         f"--http-port={http_port}",
         f"--grpc-address={host}",
         f"--grpc-port={ports.grpc}",
-        f"--metrics-address={host}",
-        f"--metrics-port={ports.metrics}",
+        f"--metrics-address={metrics_host}",
+        f"--metrics-port={metrics_port}",
         f"--backend-config=python,shm-default-byte-size={SHM_DEFAULT_BYTES}",
         "--strict-readiness=true",
         f"--exit-timeout-secs={exit_timeout_s}",

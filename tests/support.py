@@ -9,13 +9,14 @@ from pathlib import Path
 
 from common.settings import ROOT
 from export.tensorrt import read_versions
+from model_repository.gpu_metrics import FAMILIES
 
 DOCKER = ROOT / "docker"
 CHART = ROOT / "helm" / "bert-triton"
 DOCKERFILES = {name: DOCKER / f"{name}.Dockerfile" for name in ("server", "builder", "locust")}
 VERSIONS = read_versions()
-# Triton exports these through DCGM only where it sees a GPU (none here); names from Triton's metrics docs.
-GPU_METRICS = {"nv_gpu_utilization", "nv_gpu_memory_used_bytes", "nv_gpu_memory_total_bytes", "nv_gpu_power_usage"}
+# The metrics port carries these only where NVML sees a GPU (none here): model_repository/gpu_metrics.py.
+GPU_METRICS = {name for name, *_ in FAMILIES}
 
 
 def load_module(name: str, path: Path):

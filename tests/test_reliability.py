@@ -27,6 +27,7 @@ from loadtest import reliability
 from model_repository.generate import generate, python_models
 from model_repository.triton_command import Ports
 from model_repository.watchdog import SHM_REGION_PREFIX
+from tests.support import scrape
 
 
 @pytest.fixture()
@@ -143,7 +144,10 @@ def test_launcher_starts_a_dead_tritonserver_again(launcher):
         time.sleep(0.02)
     status, body = launcher.ready()
     assert status == 503 and "tritonserver is not running" in body["problems"], body
+    assert "bert_launcher_tritonserver_metrics_up" in scrape("127.0.0.1", launcher.ports.metrics)  # still answers
     assert wait_ready(launcher)["tritonserver_restarts"] == 1
+    after = scrape("127.0.0.1", launcher.ports.metrics)  # the launcher's proxy, before the new tritonserver
+    assert "bert_launcher_tritonserver_metrics_up 1" in after and "nv_inference_count" in after
     assert launcher.triton_pid != old_triton
     assert "bert_launcher_tritonserver_restarts_total 1" in launcher.metrics()
     assert not [pid for pid in old_stubs if Path(f"/proc/{pid}").exists()], "the old tritonserver's stubs are gone"
