@@ -165,6 +165,7 @@ def test_values_schema_refuses_bad_values(chart):
         {"probes": {"liveness": {"mode": "tcp"}}},
         {"modelRepository": {"objectStore": {"uri": "https://bucket/path"}}},
         {"autoscaling": {"queueTime": {"metricName": "queue time"}}},
+        {"autoscaling": {"gpu": {"metricName": "triton_gpu_utilization", "targetAverageUtilization": 150}}},
     ):
         with pytest.raises(helm_python.HelmValuesError):
             chart.validate_schema(bad)
@@ -192,6 +193,13 @@ def test_values_schema_refuses_bad_values(chart):
 def test_inconsistent_values_fail_with_a_reason(chart, values, message):
     with pytest.raises(helm_python.HelmRenderError, match=re.escape(message)):
         render(chart, values)
+
+
+def test_gpu_autoscaling_needs_settings_with_gpus(chart):
+    values = {"autoscaling": {"enabled": True, "gpu": {"targetAverageUtilization": 70}}}
+    cpu = {"settings": {"toml": (ROOT / "model_repository" / "settings.toml").read_text()}}
+    with pytest.raises(helm_python.HelmRenderError, match=re.escape('needs GPUs: engine.kind "onnxruntime_cpu"')):
+        render(chart, {**cpu, **values})
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -398,10 +406,36 @@ def test_autoscaled_overlay(chart):
     assert "triton_queue_duration_us_per_request" in notes and "nv_inference_queue_duration_us" in notes
 
 
+def test_hpa_on_gpu_utilization(chart):
+    """autoscaling.gpu: a third metric, the pods' mean nv_gpu_utilization (0..1) through prometheus-adapter."""
+    values = {"autoscaling": {"enabled": True, "gpu": {"targetAverageUtilization": 70}}}
+    objects = render(chart, values)  # the default settings: torch_gpu on one GPU
+    (hpa,) = objects["HorizontalPodAutoscaler"]
+    queue, gpu, cpu = hpa["spec"]["metrics"]
+    assert queue["pods"]["metric"]["name"] == "triton_queue_duration_us_per_request"
+    target = {"type": "AverageValue", "averageValue": "700m"}  # 70 %: 0.7 of nv_gpu_utilization's 0..1
+    assert gpu == {"type": "Pods", "pods": {"metric": {"name": "triton_gpu_utilization"}, "target": target}}
+    assert cpu["type"] == "Resource"
+    for version in KUBE_VERSIONS:
+        kubernetes_validate.validate(hpa, version, strict=True)
+    notes = objects["NOTES"][0]
+    assert "triton_gpu_utilization (target 70 % GPU utilization)" in notes
+    assert "avg_over_time(nv_gpu_utilization{<<.LabelMatchers>>}[2m])" in notes
+    (default_hpa,) = render(chart, {"autoscaling": {"enabled": True}})["HorizontalPodAutoscaler"]
+    assert [m["type"] for m in default_hpa["spec"]["metrics"]] == ["Pods", "Resource"]  # off by default
+
+
 def test_prometheus_adapter_rule_matches_the_hpa():
     readme = (CHART / "README.md").read_text()
     (block,) = re.findall(r"```yaml\n(rules:.*?)```", readme, flags=re.S)
-    (rule,) = yaml.safe_load(block)["rules"]
+    rule, gpu_rule = yaml.safe_load(block)["rules"]
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())["autoscaling"]
+    assert gpu_rule["name"]["as"] == defaults["gpu"]["metricName"]
+    assert re.fullmatch(gpu_rule["name"]["matches"], "nv_gpu_utilization")
+    assert "nv_gpu_utilization{<<.LabelMatchers>>}" in gpu_rule["metricsQuery"]
+    assert set(gpu_rule["resources"]["overrides"]) == {"namespace", "pod"}
+    notes_text = (CHART / "templates" / "NOTES.txt").read_text()
+    assert gpu_rule["metricsQuery"] in notes_text and gpu_rule["seriesQuery"] in notes_text
     default_metric = yaml.safe_load((CHART / "values.yaml").read_text())["autoscaling"]["queueTime"]["metricName"]
     assert rule["name"]["as"] == default_metric == overlay("autoscaled")["autoscaling"]["queueTime"]["metricName"]
     assert re.fullmatch(rule["name"]["matches"], "nv_inference_queue_duration_us")
@@ -423,6 +457,9 @@ def test_dashboard_covers_what_operators_watch():
         "nv_inference_compute_infer_duration_us",  # per-stage time
         "nv_gpu_utilization",
         "nv_gpu_memory_used_bytes",
+        "nv_gpu_power_usage",
+        "nv_gpu_power_limit",
+        "bert_gpu_sm_clock_hertz",  # NVML's, from the launcher: Triton exports no SM clock
         "bert_tokenizer_tokens_total",
         "bert_encoder_sequences_per_execute",
         "bert_encoder_padded_tokens_total",

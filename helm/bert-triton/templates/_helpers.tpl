@@ -135,6 +135,9 @@ Checks across values that the schema cannot express.
 {{- if and .Values.autoscaling.enabled (gt (int .Values.autoscaling.minReplicas) (int .Values.autoscaling.maxReplicas)) }}
 {{- fail "autoscaling.minReplicas must not exceed autoscaling.maxReplicas" }}
 {{- end }}
+{{- if and .Values.autoscaling.enabled .Values.autoscaling.gpu.targetAverageUtilization (eq (int $s.gpus) 0) }}
+{{- fail (printf "autoscaling.gpu.targetAverageUtilization needs GPUs: engine.kind %q in settings.toml uses none" $s.engineKind) }}
+{{- end }}
 {{- end }}
 
 {{/*
