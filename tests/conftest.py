@@ -1,19 +1,21 @@
-"""Shared fixtures: one export, one generated repository and one real tritonserver per test session."""
+"""Shared fixtures: one export, one generated repository and one real tritonserver per test session.
+
+The export, the repository and the server are imported inside their fixtures: the GPU tests (make test-gpu)
+run where neither tritonclient nor the Triton wheel is installed.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from common.settings import load_settings
-from export.__main__ import export
-from export.checkpoint import resolve_source
-from export.onnx_export import VALIDATION_SENTENCES
-from model_repository.generate import generate
-from model_repository.server import TritonServer
-from model_repository.triton_command import Ports
+
+if TYPE_CHECKING:
+    from model_repository.server import TritonServer
 
 
 @pytest.fixture(scope="session")
@@ -23,11 +25,15 @@ def settings():
 
 @pytest.fixture(scope="session")
 def sentences() -> list[str]:
+    from export.onnx_export import VALIDATION_SENTENCES
+
     return VALIDATION_SENTENCES.read_text().splitlines()
 
 
 @pytest.fixture(scope="session")
 def exported(settings, tmp_path_factory) -> Path:
+    from export.__main__ import export
+
     out = tmp_path_factory.mktemp("export")
     engine = settings.engine
     export(
@@ -43,10 +49,15 @@ def exported(settings, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def repository(settings, exported, tmp_path_factory) -> Path:
+    from model_repository.generate import generate
+
     return generate(settings, exported, tmp_path_factory.mktemp("repo") / "model_repository")
 
 
 def start_server(settings, repository: Path, log_dir: Path) -> TritonServer:
+    from model_repository.server import TritonServer
+    from model_repository.triton_command import Ports
+
     # A work dir of its own keeps the test server's backend folder and log apart from `make serve`'s.
     ports = Ports.free()
     return TritonServer(settings, repository, ports, "127.0.0.1", work_dir=log_dir).start()
@@ -62,6 +73,8 @@ def server(settings, repository, tmp_path_factory):
 @pytest.fixture(scope="session")
 def two_stage_server(settings, exported, tmp_path_factory):
     """The same model in the two-stage topology (tokenizer -> encoder), beside the default one-stage server."""
+    from model_repository.generate import generate
+
     two_stage = dataclasses.replace(settings, ensemble=dataclasses.replace(settings.ensemble, topology="two_stage"))
     root = generate(two_stage, exported, tmp_path_factory.mktemp("repo_two_stage") / "model_repository")
     triton = start_server(two_stage, root, tmp_path_factory.mktemp("server_two_stage"))
@@ -80,12 +93,16 @@ def reference_model():
     """sentence-transformers on the same checkpoint: the numerics reference."""
     from sentence_transformers import SentenceTransformer
 
+    from export.checkpoint import resolve_source
+
     return SentenceTransformer(str(resolve_source(load_settings().model.source)), device="cpu")
 
 
 @pytest.fixture(scope="session")
 def classification_export(settings, tmp_path_factory) -> Path:
     """A small random-init BERT with a 2-label head (labels from config.id2label)."""
+    from export.__main__ import export
+
     out = tmp_path_factory.mktemp("export_classification")
     export(
         "random-init:bert-tiny",

@@ -1,7 +1,9 @@
-"""Golden-output regression: every engine reproduces the stored MiniLM embeddings (rtol/atol 1e-3).
+"""Golden-output regression: the CPU engines reproduce the stored MiniLM embeddings to fp32 rounding.
 
 tests/golden/minilm.npz holds token ids and sentence-transformers fp32 embeddings of 30 real sentences
-(python -m tests.golden.make_golden). CPU engines run here in CI; the GPU engine where CUDA exists.
+(python -m tests.golden.make_golden). Both engines here run fp32 on the CPU: measured 2.2e-7 (ONNX Runtime)
+and 2.3e-7 (torch_gpu's CPU path) at most from the stored values, so 2e-6 fails on any real change (a cosine
+of 0.9999 is 100x more). fp16 on a GPU has a tolerance of its own (tests/test_engine_torch.py, make test-gpu).
 """
 
 from __future__ import annotations
@@ -10,19 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from model_repository.stages.engine import load_engine
 
 GOLDEN = Path(__file__).parent / "golden" / "minilm.npz"
-ENGINES = [
-    ("onnxruntime_cpu", "cpu", {"threads": "2"}),
-    ("torch_gpu", "cpu", {"precision": "fp32"}),
-    pytest.param(
-        "torch_gpu", "cuda:0", {"precision": "fp16"},
-        marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: runs on the GPU machine"),
-    ),
-]  # fmt: skip
+ATOL = 2e-6
+ENGINES = [("onnxruntime_cpu", {"threads": "2"}), ("torch_gpu", {"precision": "fp32"})]
 
 
 @pytest.fixture(scope="module")
@@ -32,11 +27,11 @@ def golden():
     return sequences, data["embeddings"]
 
 
-@pytest.mark.parametrize(("kind", "device", "options"), ENGINES)
-def test_engine_reproduces_golden_embeddings(exported, golden, kind, device, options):
+@pytest.mark.parametrize(("kind", "options"), ENGINES, ids=[kind for kind, _ in ENGINES])
+def test_engine_reproduces_golden_embeddings(exported, golden, kind, options):
     sequences, expected = golden
-    engine = load_engine(kind, exported, device, options)
-    np.testing.assert_allclose(engine.forward(sequences), expected, rtol=1e-3, atol=1e-3)
+    engine = load_engine(kind, exported, "cpu", options)
+    np.testing.assert_allclose(engine.forward(sequences), expected, atol=ATOL, rtol=0)
     # One sequence at a time gives the same rows: nothing depends on the batch's other members.
     singles = np.concatenate([engine.forward([seq]) for seq in sequences[:6]])
-    np.testing.assert_allclose(singles, expected[:6], rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(singles, expected[:6], atol=ATOL, rtol=0)
