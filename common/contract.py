@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TEXT_INPUT = "text"  # the ensemble's TYPE_STRING input
+TOKENS_OUTPUT = "tokens"  # int32 [1] per text: the tokens the model saw ([CLS] and [SEP] included, after truncation)
 ENGINE_INPUTS = ("input_ids", "attention_mask")  # int32 [batch, sequence]: ONNX, TensorRT, the two-stage hop
 SERVING_FILE = "serving.json"
 OPTION_PREFIX = "engine."  # config parameters that carry the settings' [engine] options

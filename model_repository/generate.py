@@ -17,7 +17,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 import common
-from common.contract import ENGINE_INPUTS, OPTION_PREFIX, SERVING_FILE, TEXT_INPUT, ServingSpec
+from common.contract import ENGINE_INPUTS, OPTION_PREFIX, SERVING_FILE, TEXT_INPUT, TOKENS_OUTPUT, ServingSpec
 from common.profiles import graph_batches, profiles
 from common.settings import ROOT, EncoderSettings, Settings, SettingsError, StageSettings, load_settings
 from common.tokenizer_config import load_tokenizer
@@ -94,7 +94,10 @@ def tokenizer_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
         "tokenizer",
         stage,
         input=[_tensor(mc.ModelInput, TEXT_INPUT, mc.TYPE_STRING, [1])],
-        output=[_tensor(mc.ModelOutput, name, mc.TYPE_INT32, [-1]) for name in ENGINE_INPUTS],
+        output=[
+            *(_tensor(mc.ModelOutput, name, mc.TYPE_INT32, [-1]) for name in ENGINE_INPUTS),
+            _tensor(mc.ModelOutput, TOKENS_OUTPUT, mc.TYPE_INT32, [1]),
+        ],
         parameters=_parameters(
             {
                 **_text_limits(settings, spec),
@@ -136,13 +139,16 @@ def _text_warmup(max_batch_size: int) -> list[mc.ModelWarmup]:
 
 
 def _task_outputs(spec: ServingSpec) -> list[mc.ModelOutput]:
-    """What clients get back from the ensemble, whatever the topology."""
+    """What clients get back from the ensemble, whatever the topology: the task's outputs and each text's
+    token count (what usage.prompt_tokens of the OpenAI front reports)."""
+    tokens = _tensor(mc.ModelOutput, TOKENS_OUTPUT, mc.TYPE_INT32, [1])
     if spec.task == "classification":
         return [
             _tensor(mc.ModelOutput, "label", mc.TYPE_STRING, [1]),
             _tensor(mc.ModelOutput, "scores", mc.TYPE_FP32, [spec.output_size]),
+            tokens,
         ]
-    return [_tensor(mc.ModelOutput, "embedding", mc.TYPE_FP32, [spec.output_size])]
+    return [_tensor(mc.ModelOutput, "embedding", mc.TYPE_FP32, [spec.output_size]), tokens]
 
 
 def one_stage_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
@@ -250,7 +256,7 @@ def ensemble_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
             model_name="tokenizer",
             model_version=-1,
             input_map={TEXT_INPUT: TEXT_INPUT},
-            output_map={name: name for name in ENGINE_INPUTS},
+            output_map={name: name for name in (*ENGINE_INPUTS, TOKENS_OUTPUT)},
         ),
         step(
             model_name="encoder",
@@ -347,7 +353,9 @@ def generate(settings: Settings, export_dir: Path | None = None, out: Path | Non
 
 def _write_two_stages(out: Path, settings: Settings, spec: ServingSpec, export_dir: Path, engine_files: list[Path]):
     tokenizer_file, serving_file = export_dir / "tokenizer.json", export_dir / SERVING_FILE
-    _write_text_warmup(_write_model(out, tokenizer_config(settings, spec), settings, [tokenizer_file], "tokenizer"))
+    # serving.json beside the tokenizer too: the API front reads the model's spec and tokenizer from one folder.
+    text_files = [tokenizer_file, serving_file]
+    _write_text_warmup(_write_model(out, tokenizer_config(settings, spec), settings, text_files, "tokenizer"))
     if settings.engine.kind == "tensorrt":
         _write_model(out, tensorrt_encoder_config(settings, spec), settings, engine_files)
     else:

@@ -56,10 +56,14 @@ def check_repository(root: Path, settings, spec: ServingSpec) -> None:
     ensemble = parse(root / "ensemble" / "config.pbtxt")
     assert ensemble.max_batch_size == settings.ensemble.max_batch_size
     assert [(i.name, i.data_type) for i in ensemble.input] == [("text", mc.TYPE_STRING)]
+    tokens = ("tokens", mc.TYPE_INT32, [1])  # each text's token count, for usage in the OpenAI front
     if spec.task == "classification":
-        assert [o.name for o in ensemble.output] == ["label", "scores"]
+        assert [o.name for o in ensemble.output] == ["label", "scores", "tokens"]
     else:
-        assert [(o.name, list(o.dims)) for o in ensemble.output] == [("embedding", [spec.output_size])]
+        assert [(o.name, o.data_type, list(o.dims)) for o in ensemble.output] == [
+            ("embedding", mc.TYPE_FP32, [spec.output_size]),
+            tokens,
+        ]
     if settings.topology == "one_stage":
         assert models == {"ensemble"}
         check_one_stage(root, settings, ensemble)

@@ -19,7 +19,7 @@ import gc
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from common.contract import TEXT_INPUT
+from common.contract import TEXT_INPUT, TOKENS_OUTPUT
 
 from .classification import label_array, scores_and_labels
 from .engine import engine_from_args
@@ -50,18 +50,19 @@ class TritonPythonModel:
         self._record(len(requests), lengths)
         if self.labels is not None and texts:
             outputs = scores_and_labels(outputs, self.labels)
+        tokens = lengths.astype(np.int32).reshape(-1, 1)
         responses = []
         for part in parts:
             if isinstance(part, str):
                 error = pb_utils.TritonError(part, pb_utils.TritonError.INVALID_ARG)
                 responses.append(pb_utils.InferenceResponse(error=error))
-            elif self.labels is None:
-                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("embedding", outputs[part])]))
+                continue
+            if self.labels is None:
+                tensors = [pb_utils.Tensor("embedding", outputs[part])]
             else:
-                scores, labels = outputs[0][part], outputs[1][part]
-                responses.append(
-                    pb_utils.InferenceResponse([pb_utils.Tensor("scores", scores), pb_utils.Tensor("label", labels)])
-                )
+                tensors = [pb_utils.Tensor("scores", outputs[0][part]), pb_utils.Tensor("label", outputs[1][part])]
+            tensors.append(pb_utils.Tensor(TOKENS_OUTPUT, tokens[part]))
+            responses.append(pb_utils.InferenceResponse(tensors))
         return responses
 
     def _record(self, requests: int, lengths: np.ndarray) -> None:

@@ -20,7 +20,7 @@ import gc
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from common.contract import ENGINE_INPUTS, TEXT_INPUT
+from common.contract import ENGINE_INPUTS, TEXT_INPUT, TOKENS_OUTPUT
 from common.padding import pad_packed
 
 from .model_args import instance_count, model_config
@@ -49,6 +49,7 @@ class TritonPythonModel:
         ids, lengths = self.text.tokenizer.encode(texts)
         self._record(len(requests), lengths)
         starts = np.cumsum(lengths) - lengths
+        tokens = lengths.astype(np.int32).reshape(-1, 1)
         responses = []
         for part in parts:
             if isinstance(part, str):
@@ -57,11 +58,9 @@ class TritonPythonModel:
                 )
                 continue
             padded, mask = pad_packed(ids, lengths[part], self.pad_id, self.buckets, starts[part])
-            responses.append(
-                pb_utils.InferenceResponse(
-                    [pb_utils.Tensor(name, array) for name, array in zip(ENGINE_INPUTS, (padded, mask), strict=True)]
-                )
-            )
+            tensors = [pb_utils.Tensor(name, array) for name, array in zip(ENGINE_INPUTS, (padded, mask), strict=True)]
+            tensors.append(pb_utils.Tensor(TOKENS_OUTPUT, tokens[part]))
+            responses.append(pb_utils.InferenceResponse(tensors))
         return responses
 
     def finalize(self) -> None:
