@@ -110,6 +110,19 @@ class FrontSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class ApiSettings:
+    """The OpenAI- and TEI-compatible HTTP front (model_repository/api_front.py)."""
+
+    port: int
+    workers: int
+    max_body_bytes: int
+    max_inputs: int
+    max_concurrent_requests: int
+    grpc_channels: int
+    timeout_s: float
+
+
+@dataclasses.dataclass(frozen=True)
 class LoadTestSettings:
     """The acceptance bar `python -m loadtest` holds a deployment to; its flags override each value."""
 
@@ -134,6 +147,7 @@ class Settings:
     ensemble: EnsembleSettings
     server: ServerSettings
     front: FrontSettings
+    api: ApiSettings
     tensorrt: TensorRTSettings
     loadtest: LoadTestSettings
     path: Path
@@ -259,6 +273,13 @@ def _check(settings: Settings) -> None:
     front = settings.front
     if front.workers < 0 or front.max_body_bytes < settings.tokenizer.max_request_bytes:
         raise SettingsError("front needs workers >= 0 and max_body_bytes >= tokenizer.max_request_bytes")
+    api = settings.api
+    if api.port < 0 or api.workers < 1 or min(api.max_inputs, api.max_concurrent_requests, api.grpc_channels) < 1:
+        raise SettingsError(
+            "api needs port >= 0, workers >= 1, max_inputs, max_concurrent_requests, grpc_channels >= 1"
+        )
+    if api.max_body_bytes < 1 or api.timeout_s <= 0:
+        raise SettingsError("api needs max_body_bytes >= 1 and timeout_s > 0")
     _check_loadtest(settings.loadtest, settings.ensemble.max_batch_size)
 
 
@@ -339,6 +360,7 @@ def load_settings(path: str | Path | None = None, overrides: tuple[str, ...] | l
         ensemble=_section(EnsembleSettings, raw, "ensemble"),
         server=_section(ServerSettings, raw, "server"),
         front=_section(FrontSettings, raw, "front"),
+        api=_section(ApiSettings, raw, "api"),
         tensorrt=_section(TensorRTSettings, raw, "tensorrt"),
         loadtest=_section(LoadTestSettings, raw, "loadtest"),
         path=Path(path or DEFAULT_SETTINGS).resolve(),

@@ -19,6 +19,9 @@ ARG TOKENIZERS_VERSION=0.23.3
 ARG ONNXRUNTIME_VERSION=1.23.2
 ARG TRITONCLIENT_VERSION=2.73.0
 ARG TOMLI_VERSION=2.5.0
+ARG AIOHTTP_VERSION=3.14.5
+ARG ORJSON_VERSION=3.13.0
+ARG NVIDIA_ML_PY_VERSION=13.615.71
 ARG WITH_TORCH=0
 ARG TORCH_VERSION=2.13.0
 ARG SAFETENSORS_VERSION=0.8.0
@@ -44,6 +47,9 @@ RUN python3 -m pip install --no-cache-dir \
         "tokenizers==${TOKENIZERS_VERSION}" \
         "onnxruntime==${ONNXRUNTIME_VERSION}" \
         "tritonclient[grpc]==${TRITONCLIENT_VERSION}" \
+        "aiohttp==${AIOHTTP_VERSION}" \
+        "orjson==${ORJSON_VERSION}" \
+        "nvidia-ml-py==${NVIDIA_ML_PY_VERSION}" \
     && if [ "${WITH_TORCH}" = "1" ]; then \
         PIP_EXTRA_INDEX_URL="${TORCH_INDEX_URL}" python3 -m pip install --no-cache-dir \
             "torch==${TORCH_VERSION}" "safetensors==${SAFETENSORS_VERSION}" "numpy==${NUMPY_VERSION}"; \

@@ -73,7 +73,7 @@ class Launcher:
     def start(self, timeout_s: float = 180.0) -> Launcher:
         command = [sys.executable, "-m", "model_repository.server", "--settings", str(self.settings_path)]
         command += ["--repository", str(self.repository), "--host", "127.0.0.1"]
-        for name in ("http", "grpc", "metrics", "health", "triton_http"):
+        for name in ("http", "grpc", "metrics", "health", "triton_http", "api"):
             command += [f"--{name.replace('_', '-')}-port", str(getattr(self.ports, name))]
         with self.log_path.open("ab") as log:
             # A process group of its own, as a terminal's job gets: interrupt() is what Ctrl-C there sends.

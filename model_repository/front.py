@@ -17,7 +17,7 @@ listens on server.http_port. For each request it
 
 gRPC does not pass here: Triton's gRPC server took 8.3 MB messages without harm. `python -m
 model_repository.front` runs one worker; the launcher runs front.workers of them on one port (SO_REUSEPORT)
-and starts a dead one again (FrontWorkers).
+and starts a dead one again (front_workers.FrontWorkers).
 """
 
 from __future__ import annotations
@@ -25,16 +25,9 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import socket
-import subprocess
-import sys
-import threading
-import time
 
 import aiohttp
 from aiohttp import web
-
-from model_repository.process_control import die_with_parent
 
 BINARY_HEADER = "Inference-Header-Content-Length"  # Triton's binary tensor data extension
 # Not forwarded either way: connection-level headers, and those the front sets itself.
@@ -188,67 +181,12 @@ def make_app(upstream: str, max_body_bytes: int) -> web.Application:
     return app
 
 
-class FrontWorkers:
-    """front.workers processes of this module on host:port, started again when one dies (a thread checks)."""
-
-    def __init__(self, workers: int, host: str, port: int, upstream_port: int, max_body_bytes: int) -> None:
-        self.command = [sys.executable, "-m", "model_repository.front", "--host", host, "--port", str(port)]
-        self.command += ["--upstream", f"127.0.0.1:{upstream_port}", "--max-body-bytes", str(max_body_bytes)]
-        self.host, self.port, self.workers = host, port, workers
-        self.processes: list[subprocess.Popen] = []
-        self.restarts = 0
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-
-    def _spawn(self) -> subprocess.Popen:
-        # A session of its own: a terminal's Ctrl-C reaches the launcher, which stops the front after Triton.
-        return subprocess.Popen(self.command, preexec_fn=die_with_parent, start_new_session=True)
-
-    def start(self, timeout_s: float = 20.0) -> FrontWorkers:
-        with self._lock:
-            self.processes = [self._spawn() for _ in range(self.workers)]
-        deadline = time.monotonic() + timeout_s
-        while not self._accepts():
-            dead = [p.returncode for p in self.processes if p.poll() is not None]
-            if dead or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"the HTTP front on {self.host}:{self.port} did not start (exit codes {dead})")
-            time.sleep(0.05)
-        threading.Thread(target=self._supervise, name="front", daemon=True).start()
-        return self
-
-    def _accepts(self) -> bool:
-        try:
-            with socket.create_connection((self.host if self.host != "0.0.0.0" else "127.0.0.1", self.port), 1):
-                return True
-        except OSError:
-            return False
-
-    def _supervise(self) -> None:
-        while not self._stop.wait(0.5):
-            with self._lock:
-                for index, process in enumerate(self.processes):
-                    if process.poll() is not None and not self._stop.is_set():
-                        print(f"launcher: HTTP front worker exited with {process.returncode}; starting it again")
-                        self.processes[index] = self._spawn()
-                        self.restarts += 1
-
-    def problems(self) -> list[str]:
-        running = sum(process.poll() is None for process in self.processes)
-        return [] if running else ["the HTTP front is not running"]
-
-    def stop(self) -> None:
-        self._stop.set()
-        with self._lock:
-            for process in self.processes:
-                if process.poll() is None:
-                    process.terminate()
-            for process in self.processes:
-                try:
-                    process.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+def command(host: str, port: int, upstream_port: int, max_body_bytes: int) -> list[str]:
+    """One worker's command line (after the interpreter), as FrontWorkers runs it."""
+    return [
+        "-m", "model_repository.front", "--host", host, "--port", str(port),
+        "--upstream", f"127.0.0.1:{upstream_port}", "--max-body-bytes", str(max_body_bytes),
+    ]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -34,7 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.settings import Settings, SettingsError, load_settings
-from model_repository.front import FrontWorkers
+from model_repository import api_front
+from model_repository import front as http_front
+from model_repository.front_workers import FrontWorkers
 from model_repository.health import HealthEndpoint
 from model_repository.metrics_proxy import MetricsProxy
 from model_repository.process_control import die_with_parent, port_problem
@@ -113,6 +115,7 @@ class TritonServer:
         self.process: subprocess.Popen | None = None
         self.watchdog: StubWatchdog | None = None
         self.front: FrontWorkers | None = None  # the launcher's HTTP front, when it runs one
+        self.api: FrontWorkers | None = None  # the launcher's API front, when it runs one
         self.draining = False
         self.stopping = threading.Event()  # set when a drain begins: ends a restart backoff at once
         self.restarts = Restarts(settings.server.max_restarts, settings.server.restart_window_s)
@@ -233,6 +236,7 @@ class TritonServer:
             problems.append("tritonserver is not ready")
         problems += self.watchdog.problems() if self.watchdog else []
         problems += self.front.problems() if self.front else []
+        problems += self.api.problems() if self.api else []
         return not problems, problems
 
     def drain(self, quiet_s: float = 1.0) -> None:
@@ -355,7 +359,8 @@ def supervise(server: TritonServer) -> int:
                 f"{f' (front; tritonserver {server.http_url})' if server.front else ''}, "
                 f"gRPC {server.grpc_url}, metrics {server.host}:{server.ports.metrics}"
                 f"{f' (tritonserver 127.0.0.1:{server.ports.triton_metrics})' if server.ports.triton_metrics else ''}, "
-                f"launcher /ready, /live and /metrics on {server.host}:{server.ports.health}",
+                f"launcher /ready, /live and /metrics on {server.host}:{server.ports.health}"
+                f"{f', OpenAI and TEI API on http://{server.host}:{server.ports.api}' if server.api else ''}",
                 flush=True,
             )
         code = server.process.wait()
@@ -390,10 +395,27 @@ def start_front(server: TritonServer, settings: Settings) -> None:
         raise ServerError(problem)
     server.check_ports()
     front = settings.front
-    server.front = FrontWorkers(
-        front.workers, server.host, server.ports.http, server.ports.triton_http, front.max_body_bytes
-    )
+    arguments = http_front.command(server.host, server.ports.http, server.ports.triton_http, front.max_body_bytes)
+    server.front = FrontWorkers("HTTP front", arguments, front.workers, server.host, server.ports.http)
     server.front.start()
+
+
+def start_api(server: TritonServer, settings: Settings) -> None:
+    """The API front's workers on ports.api, calling this server's gRPC; its /health asks the launcher's /ready."""
+    ports = server.ports
+    problem = port_problem(server.host, ports.api, "api.port")
+    if problem:
+        raise ServerError(problem)
+    arguments = api_front.command(
+        settings.path,
+        server.repository,
+        server.host,
+        ports.api,
+        f"127.0.0.1:{ports.grpc}",
+        f"http://127.0.0.1:{ports.health}/ready",
+        f"http://127.0.0.1:{ports.metrics}/metrics",
+    )
+    server.api = FrontWorkers("API front", arguments, settings.api.workers, server.host, ports.api).start()
 
 
 def start_metrics(server: TritonServer) -> MetricsProxy:
@@ -416,6 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("http", "grpc", "metrics", "health"):
         parser.add_argument(f"--{name}-port", type=int, help=f"default: server.{name}_port from the settings")
     parser.add_argument("--triton-http-port", type=int, help="default: front.triton_http_port from the settings")
+    parser.add_argument("--api-port", type=int, help="the API front's; 0: none (default: api.port from the settings)")
     parser.add_argument(
         "--triton-metrics-port", type=int, help="tritonserver's own metrics on 127.0.0.1 (default: a free port)"
     )
@@ -425,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
         defaults = Ports.of(settings)
         names = ("http", "grpc", "metrics", "health", "triton_http")
         ports = Ports(*(getattr(args, f"{n}_port") or getattr(defaults, n) for n in names))
+        ports = dataclasses.replace(ports, api=defaults.api if args.api_port is None else args.api_port)
         ports = dataclasses.replace(ports, triton_metrics=args.triton_metrics_port or free_ports(1)[0])
         server = TritonServer(settings, args.repository, ports, args.host, console_log=True)
         server.command()  # refuse a bad repository or stub interpreter before anything starts
@@ -453,13 +477,16 @@ def main(argv: list[str] | None = None) -> int:
             if ports.triton_http:
                 start_front(server, settings)
             metrics = start_metrics(server)
+            if ports.api:
+                start_api(server, settings)
         except RuntimeError as exc:  # a busy port (ServerError), or a front that did not come up
             print(f"serve failed: {exc}", file=sys.stderr)
             return 1
         return supervise(server)
     finally:
-        if server.front:
-            server.front.stop()
+        for front in (server.api, server.front):
+            if front:
+                front.stop()
         if metrics:
             metrics.shutdown()
         health.shutdown()

@@ -31,18 +31,27 @@ class Ports:
     # tritonserver's own metrics on 127.0.0.1 behind the launcher's metrics proxy on `metrics` (metrics_proxy.py);
     # 0: tritonserver's metrics on host:metrics themselves
     triton_metrics: int = 0
+    api: int = 0  # the launcher's API front (api_front.py), OpenAI- and TEI-compatible; 0: none
 
     @classmethod
     def free(cls) -> Ports:
         """Ports nothing listens on now (for tests and benchmarks beside a running server), triton_metrics 0:
         a TritonServer started on them serves its own metrics on `metrics`; the launcher picks triton_metrics."""
-        return cls(*free_ports(5))
+        ports = free_ports(6)
+        return cls(*ports[:5], api=ports[5])
 
     @classmethod
     def of(cls, settings: Settings) -> Ports:
         server = settings.server
         triton_http = settings.front.triton_http_port if settings.front.workers else 0
-        return cls(server.http_port, server.grpc_port, server.metrics_port, server.health_port, triton_http)
+        return cls(
+            server.http_port,
+            server.grpc_port,
+            server.metrics_port,
+            server.health_port,
+            triton_http,
+            api=settings.api.port,
+        )
 
     def triton_http_address(self, host: str) -> tuple[str, int]:
         """Where tritonserver's own HTTP listens: on loopback behind the front, else on host:http."""
