@@ -186,7 +186,7 @@ def test_values_schema_refuses_bad_values(chart):
         ),
         ({"modelRepository": {"source": "objectStore"}}, "objectStore.uri is required"),
         ({"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}}, "must not exceed"),
-        ({"settings": {"toml": "[server]\nhttp_port = 9000\n"}}, "lacks [encoder] instances"),
+        ({"settings": {"toml": "[server]\nhttp_port = 9000\n"}}, "lacks [api] port"),
         ({"settings": {"toml": "[model\n"}}, "not valid TOML"),
     ],
 )
@@ -319,6 +319,43 @@ def test_pods_run_unprivileged_on_a_read_only_root(chart, config):
         assert job["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
 
 
+def test_api_front_runs_as_a_container_of_its_own(chart, settings):
+    objects = render(chart, overlay("api-front"))
+    spec = pod_spec(objects)
+    (api,) = [c for c in spec["containers"] if c["name"] == "api"]
+    args = dict(zip(api["args"][::2], api["args"][1::2], strict=True))
+    server = settings.server  # the chart's default settings: model_repository/variants/bert-base-h200.toml
+    h200 = load_settings(ROOT / "model_repository" / "variants" / "bert-base-h200.toml")
+    assert api["command"] == ["python3", "-m", "model_repository.api_front"]
+    assert args["--grpc"] == f"127.0.0.1:{h200.server.grpc_port}" and args["--port"] == str(h200.api.port)
+    assert args["--ready-url"] == f"http://127.0.0.1:{server.health_port}/ready"
+    assert args["--workers"] == str(h200.api.workers) and args["--repository"] == "/bundle/model_repository"
+    assert api["ports"] == [{"name": "api", "containerPort": h200.api.port, "protocol": "TCP"}]
+    assert api["readinessProbe"]["httpGet"] == {"path": "/health", "port": "api"}
+    (key,) = api["env"]
+    assert key["name"] == "BERT_TRITON_API_KEY" and key["valueFrom"]["secretKeyRef"]["name"] == "bert-api-key"
+    # The launcher beside it runs no API front of its own.
+    launcher = server_container(objects)["args"]
+    assert launcher[launcher.index("--api-port") + 1] == "0"
+    (service,) = objects["Service"]
+    assert {"name": "api", "port": h200.api.port, "targetPort": "api", "protocol": "TCP", "appProtocol": "http"} in (
+        service["spec"]["ports"]
+    )
+    # Off by default: no container, no port.
+    default = render(chart)
+    assert [c["name"] for c in pod_spec(default)["containers"]] == ["triton"]
+    assert "api" not in {p["name"] for p in default["Service"][0]["spec"]["ports"]}
+
+
+def test_api_front_needs_a_repository_on_a_volume(chart):
+    values = {
+        "apiFront": {"enabled": True},
+        "modelRepository": {"source": "objectStore", "objectStore": {"uri": "s3://b/r"}},
+    }
+    with pytest.raises(helm_python.HelmRenderError, match=r"apiFront\.enabled needs the model repository on a volume"):
+        render(chart, values)
+
+
 def test_single_gpu_overlay_pins_the_gpu_product(chart):
     objects = render(chart, overlay("gpu"))
     spec, container = pod_spec(objects), server_container(objects)
@@ -327,7 +364,8 @@ def test_single_gpu_overlay_pins_the_gpu_product(chart):
     assert spec["runtimeClassName"] == "nvidia"
     assert {m["mountPath"]: m.get("subPath") for m in container["volumeMounts"]}["/bundle"] == "bert-base-h200"
     assert container["args"] == [
-        "--settings", "/etc/bert-triton/settings.toml", "--repository", "/bundle/model_repository", "--host", "0.0.0.0"
+        "--settings", "/etc/bert-triton/settings.toml", "--repository", "/bundle/model_repository", "--host", "0.0.0.0",
+        "--api-port", "0",
     ]  # fmt: skip
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["TRITONSERVER_EXTRA_ARGS"] == "--metrics-config=summary_latencies=true"

@@ -54,7 +54,7 @@ settings read over model_repository/settings.toml). Returned as JSON: use
 {{- if hasKey $raw "Error" }}
 {{- fail (printf "settings.toml is not valid TOML: %s" $raw.Error) }}
 {{- end }}
-{{- $read := dict "model" (list "task") "engine" (list "kind") "server" (list "http_port" "grpc_port" "metrics_port" "exit_timeout_s") "tokenizer" (list "instances") "encoder" (list "instances" "gpus") "postprocess" (list "instances") }}
+{{- $read := dict "model" (list "task") "engine" (list "kind") "server" (list "http_port" "grpc_port" "metrics_port" "health_port" "exit_timeout_s") "tokenizer" (list "instances") "encoder" (list "instances" "gpus") "postprocess" (list "instances") "api" (list "port" "workers") }}
 {{- range $section, $keys := $read }}
 {{- range $key := $keys }}
 {{- if not (hasKey (get $raw $section | default dict) $key) }}
@@ -90,6 +90,9 @@ settings read over model_repository/settings.toml). Returned as JSON: use
     "grpcPort" (int $server.grpc_port)
     "metricsPort" (int $server.metrics_port)
     "exitTimeoutS" (int $server.exit_timeout_s)
+    "healthPort" (int $server.health_port)
+    "apiPort" (int $raw.api.port)
+    "apiWorkers" (int $raw.api.workers)
     | toJson }}
 {{- end }}
 
@@ -137,6 +140,14 @@ Checks across values that the schema cannot express.
 {{- end }}
 {{- if and .Values.autoscaling.enabled .Values.autoscaling.gpu.targetAverageUtilization (eq (int $s.gpus) 0) }}
 {{- fail (printf "autoscaling.gpu.targetAverageUtilization needs GPUs: engine.kind %q in settings.toml uses none" $s.engineKind) }}
+{{- end }}
+{{- if .Values.apiFront.enabled }}
+{{- if eq .Values.modelRepository.source "objectStore" }}
+{{- fail "apiFront.enabled needs the model repository on a volume (modelRepository.source = pvc): the front reads its tokenizer and serving.json there, and the launcher's /ready" }}
+{{- end }}
+{{- if eq (int $s.apiPort) 0 }}
+{{- fail "apiFront.enabled needs [api] port > 0 in settings.toml" }}
+{{- end }}
 {{- end }}
 {{- end }}
 
