@@ -8,15 +8,26 @@ After every case a good request must still succeed.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import importlib
+import json
+import queue
+import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+import types
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import InferenceServerException
 
 from client import TextClient
+from model_repository.generate import generate
+from model_repository.stages.stage_metrics import FLUSH_INTERVAL_S
+from tests.support import samples, scrape
 
 
 def text_tensor(values, shape=None, name="text", datatype="BYTES"):
@@ -102,53 +113,163 @@ def over_limit_texts(limit: int) -> dict[str, bytes]:
     }
 
 
+class TokenizerCounts:
+    """The tokenizing stage's own counters on the metrics port (requests it was given, tokens it produced,
+    execute() calls that tokenized a text) and Triton's count of its execute() calls."""
+
+    COUNTERS = ("requests_total", "tokens_total", "texts_per_execute_count")
+
+    def __init__(self, server) -> None:
+        self.server = server
+        self.model = "ensemble" if server.settings.topology == "one_stage" else "tokenizer"
+        self.stats = grpcclient.InferenceServerClient(server.grpc_url)
+        time.sleep(2 * FLUSH_INTERVAL_S)  # what earlier requests counted has been sent by now
+        self.before = self._read()
+
+    def _read(self) -> dict[str, float]:
+        text = scrape(self.server.host, self.server.ports.metrics)
+        counts = {name: samples(text, f"bert_tokenizer_{name}", model=self.model) for name in self.COUNTERS}
+        stats = self.stats.get_inference_statistics(self.model, as_json=True)["model_stats"][0]
+        return {**counts, "executions": int(stats.get("execution_count", 0))}
+
+    def since(self, requests: int) -> dict[str, float]:
+        """What was counted since, once the flush holding `requests` more requests has come."""
+        deadline = time.monotonic() + 10 * FLUSH_INTERVAL_S
+        while True:
+            delta = {name: value - self.before[name] for name, value in self._read().items()}
+            if delta["requests_total"] >= requests or time.monotonic() > deadline:
+                return delta
+            time.sleep(0.1)
+
+
 @pytest.mark.parametrize("case", ["one-byte-over", "multi-byte", "four-times"])
-def test_text_over_max_text_bytes_is_refused_at_once(server, good_after, settings, case):
+def test_text_over_max_text_bytes_is_refused_before_it_is_tokenized(server, good_after, settings, case):
     limit = settings.tokenizer.max_text_bytes
     text = over_limit_texts(limit)[case]
     client = grpcclient.InferenceServerClient(server.grpc_url)
-    start = time.perf_counter()
+    counts = TokenizerCounts(server)
     with pytest.raises(InferenceServerException) as failure:
         client.infer("ensemble", [text_tensor([b"a fine text", text])])
-    elapsed = time.perf_counter() - start
     assert failure.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert f"text[1] is {len(text)} bytes, over the limit of {limit} (tokenizer.max_text_bytes)" in str(failure.value)
-    assert elapsed < 1.5, f"refusing took {elapsed:.2f} s"
+    # The stage was given the request and produced no token: neither text of the request was tokenized.
+    counted = counts.since(requests=1)
+    assert (counted["requests_total"], counted["tokens_total"]) == (1, 0), counted
 
 
-def test_request_over_max_request_bytes_is_refused_at_once(server, good_after, settings):
-    """Texts each under max_text_bytes, over max_request_bytes together: refused before any is tokenized."""
+def test_request_over_max_request_bytes_is_refused_before_any_text_is_tokenized(server, good_after, settings):
+    """Texts each under max_text_bytes, over max_request_bytes together."""
     each = settings.tokenizer.max_text_bytes
     count = settings.tokenizer.max_request_bytes // each + 1
     texts = [b"word " * (each // 5)] * count
     client = grpcclient.InferenceServerClient(server.grpc_url)
-    start = time.perf_counter()
+    counts = TokenizerCounts(server)
     with pytest.raises(InferenceServerException) as failure:
         client.infer("ensemble", [text_tensor(texts)])
-    elapsed = time.perf_counter() - start
     assert failure.value.status() == "StatusCode.INVALID_ARGUMENT"
     total = sum(map(len, texts))
     limit = settings.tokenizer.max_request_bytes
     assert f"the request's {count} texts are {total} bytes together, over the limit of {limit}" in str(failure.value)
-    assert elapsed < 3, f"refusing took {elapsed:.2f} s"
+    counted = counts.since(requests=1)
+    assert (counted["requests_total"], counted["tokens_total"]) == (1, 0), counted
 
 
 def test_text_over_max_text_bytes_fails_only_its_own_request(server, good_after, settings):
-    # Sent together, so that they tend to share the tokenizer's execute() calls: the others are answered.
+    """Refused and good requests sent together through the server: the refused ones fail, the others are
+    answered (test_a_refused_request_in_an_execute_fails_alone has them in one execute() for certain)."""
     huge = over_limit_texts(settings.tokenizer.max_text_bytes)["one-byte-over"]
     client = grpcclient.InferenceServerClient(server.grpc_url)
-
-    def infer(text: bytes):
-        try:
-            return client.infer("ensemble", [text_tensor([text])]).as_numpy("embedding")
-        except InferenceServerException as exc:
-            return exc
-
-    texts = [huge if i % 4 == 0 else f"text number {i}".encode() for i in range(32)]
-    with ThreadPoolExecutor(16) as pool:
-        results = list(pool.map(infer, texts))
+    texts = [huge if i % 4 == 1 else f"text number {i}".encode() for i in range(32)]
+    counts = TokenizerCounts(server)
+    # A long request first keeps the stage busy, so that the others, sent at once behind it, queue and are
+    # batched: async_infer returns as soon as a request is sent.
+    requests = [text_tensor([b" ".join([b"busy"] * 200)] * 256)] + [text_tensor([text]) for text in texts]
+    answers: queue.Queue = queue.Queue()
+    for index, tensor in enumerate(requests):
+        callback = functools.partial(lambda i, result, error: answers.put((i, result, error)), index)
+        client.async_infer("ensemble", [tensor], callback)
+    outcomes = {}
+    for _ in requests:
+        index, result, error = answers.get(timeout=120)
+        outcomes[index] = error if error is not None else result.as_numpy("embedding")
+    busy, *results = (outcomes[index] for index in range(len(requests)))
+    assert isinstance(busy, np.ndarray) and busy.shape == (256, 384)
     for text, result in zip(texts, results, strict=True):
         if text is huge:
             assert isinstance(result, InferenceServerException) and "tokenizer.max_text_bytes" in str(result)
         else:
             assert isinstance(result, np.ndarray) and result.shape == (1, 384) and np.isfinite(result).all()
+    counted = counts.since(requests=len(texts) + 1)
+    assert counted["requests_total"] == len(texts) + 1
+    assert counted["executions"] < len(requests), "batched: requests shared execute() calls"
+
+
+class Backend:
+    """What the stages use of triton_python_backend_utils, without Triton: requests in, responses out, and
+    metrics that cannot be created (so they turn off, as the stages allow)."""
+
+    class TritonError:
+        INVALID_ARG = 3
+
+        def __init__(self, message: str, code: int) -> None:
+            self.message, self.code = message, code
+
+    class Tensor:
+        def __init__(self, name: str, array: np.ndarray) -> None:
+            self.name, self.array = name, array
+
+    class InferenceResponse:
+        def __init__(self, output_tensors=None, error=None) -> None:
+            self.outputs = {tensor.name: tensor.array for tensor in output_tensors or []}
+            self.error = error
+
+    class MetricFamily:
+        COUNTER = 0
+
+        def __init__(self, **_) -> None:
+            raise RuntimeError("no metrics outside Triton")
+
+    Logger = types.SimpleNamespace(log_warn=lambda message: None)
+
+    @staticmethod
+    def get_input_tensor_by_name(request: dict, name: str):
+        return types.SimpleNamespace(as_numpy=lambda: request[name])
+
+
+@pytest.mark.parametrize("stage", ["text_encoder", "tokenizer"])
+def test_a_refused_request_in_an_execute_fails_alone(monkeypatch, settings, exported, tmp_path, stage):
+    """One execute() of the stage that tokenizes, given a refused request between good ones: it fails with
+    INVALID_ARG, the others get what they would get alone."""
+    topology = "one_stage" if stage == "text_encoder" else "two_stage"
+    chosen = dataclasses.replace(settings, ensemble=dataclasses.replace(settings.ensemble, topology=topology))
+    model = "ensemble" if stage == "text_encoder" else "tokenizer"
+    folder = generate(chosen, exported, tmp_path / "repo") / model
+    config = text_format.Parse((folder / "config.pbtxt").read_text(), mc.ModelConfig())
+    args = {
+        "model_config": json.dumps(
+            json_format.MessageToDict(
+                config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+            )
+        ),
+        "model_repository": str(folder),
+        "model_version": "1",
+        "model_name": model,
+        "model_instance_name": f"{model}_0_0",
+        "model_instance_kind": "CPU",
+    }
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", Backend)
+    module = importlib.import_module(f"model_repository.stages.{stage}")
+    monkeypatch.setattr(module, "pb_utils", Backend)
+    instance = module.TritonPythonModel()
+    instance.initialize(args)
+    huge = over_limit_texts(settings.tokenizer.max_text_bytes)["one-byte-over"]
+    requests = [{"text": np.array([[text]], dtype=np.object_)} for text in (b"first good text", huge, b"a second one")]
+    together = instance.execute(requests)
+    alone = [instance.execute([request])[0] for request in requests]
+    instance.finalize()
+    assert together[1].error.code == Backend.TritonError.INVALID_ARG
+    assert "tokenizer.max_text_bytes" in together[1].error.message and not together[1].outputs
+    for shared, single in zip(together[::2], alone[::2], strict=True):
+        assert shared.error is None and shared.outputs.keys() == single.outputs.keys()
+        for name, array in shared.outputs.items():
+            np.testing.assert_array_equal(array, single.outputs[name])
