@@ -15,7 +15,8 @@ jitter within a deadline), with a share of bad requests (a text over tokenizer.m
 A phase is phase_s / 2 of load, the event (as long as it takes: its recovery time is in the table), and
 phase_s / 2 more; its "seconds" says how long it ran in all.
 
-For each phase: requests sent, succeeded, refused by kind, lost (sent without any answer once the load
+For each phase: requests sent, succeeded, good requests refused by kind (none may be), what the bad requests
+got (each must be refused as invalid_argument), lost (sent without any answer once the load
 stopped: must be 0) and the longest time without a successful response; for the faults, how long until
 the launcher's /ready said 200 again. Writes reliability.json into --out and prints the table.
 """
@@ -136,7 +137,8 @@ PHASES = ["steady", "restart", "crash-tritonserver", "oversized-bodies"]  # then
 @dataclass
 class Load:
     """`users` threads, each a TextClient in a closed loop; every `bad_every`-th request carries a text over
-    tokenizer.max_text_bytes (refused with INVALID_ARGUMENT before it is decoded)."""
+    tokenizer.max_text_bytes (refused with INVALID_ARGUMENT before it is decoded). Each outcome is recorded
+    with whether its request was a bad one: a good request refused is counted apart from them."""
 
     url: str
     users: int
@@ -144,8 +146,9 @@ class Load:
     timeout_s: float = 30.0
     bad_every: int = 50
     phase: str = "steady"
-    records: list = field(default_factory=list)  # (phase, kind, finished_at)
+    records: list = field(default_factory=list)  # (phase, bad, kind, finished_at)
     sent: Counter = field(default_factory=Counter)
+    bad_sent: Counter = field(default_factory=Counter)
     examples: dict = field(default_factory=dict)  # kind -> the first message seen
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -170,6 +173,7 @@ class Load:
             phase = self.phase
             with self._lock:
                 self.sent[phase] += 1
+                self.bad_sent[phase] += bad
             try:
                 client.embed(batch)
                 kind = "ok"
@@ -177,7 +181,7 @@ class Load:
                 kind = error_kind(exc)
                 self.examples.setdefault(kind, str(exc)[:300])
             with self._lock:
-                self.records.append((phase, kind, time.monotonic()))
+                self.records.append((phase, bad, kind, time.monotonic()))
         client.close()
 
     def stop(self) -> None:
@@ -188,14 +192,16 @@ class Load:
     def tally(self, phase: str, start: float, end: float) -> dict:
         with self._lock:
             records = [r for r in self.records if r[0] == phase]
-            sent = self.sent[phase]
-        kinds = Counter(kind for _, kind, _ in records)
-        successes = sorted([start, *(t for _, kind, t in records if kind == "ok" and t <= end), end])
+            sent, bad_sent = self.sent[phase], self.bad_sent[phase]
+        kinds = Counter(kind for _, bad, kind, _ in records if not bad)
+        bad = Counter(kind for _, bad, kind, _ in records if bad)
+        successes = sorted([start, *(t for _, _, kind, t in records if kind == "ok" and t <= end), end])
         gap = max(b - a for a, b in itertools.pairwise(successes)) if len(successes) > 1 else None
         return {
             "sent": sent,
             "succeeded": kinds.pop("ok", 0),
-            "refused": dict(sorted(kinds.items())),
+            "refused": dict(sorted(kinds.items())),  # good requests only: must stay empty
+            "bad": {"sent": bad_sent, **dict(sorted(bad.items()))},  # each one must be refused: invalid_argument
             "lost": sent - len(records),
             "longest_gap_without_success_s": round(gap, 3) if gap is not None else None,
         }
@@ -325,7 +331,8 @@ def run(settings_path: Path, repository: Path, out: Path, users: int, phase_s: f
         start, end = phase.pop("start"), phase.pop("end")
         phase.update(seconds=round(end - start, 2), **load.tally(name, start, end))
     total = {key: sum(p[key] for p in phases.values()) for key in ("sent", "succeeded", "lost")}
-    total["refused"] = dict(sum((Counter(p["refused"]) for p in phases.values()), Counter()))
+    for key in ("refused", "bad"):
+        total[key] = dict(sum((Counter(p[key]) for p in phases.values()), Counter()))
     return {
         "benchmark": "reliability",
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -342,9 +349,11 @@ def run(settings_path: Path, repository: Path, out: Path, users: int, phase_s: f
 
 
 def print_table(result: dict) -> None:
-    print(f"{'phase':15s} {'sent':>7s} {'ok':>7s} {'refused (kind: count)':34s} {'lost':>5s} {'gap s':>6s} recovery")
+    header = f"{'phase':15s} {'sent':>7s} {'ok':>7s} {'good refused':20s} {'bad requests':34s}"
+    print(f"{header} {'lost':>5s} {'gap s':>6s} recovery")
     for name, phase in result["phases"].items():
         refused = ", ".join(f"{k}: {v}" for k, v in phase["refused"].items()) or "-"
+        bad = ", ".join(f"{k}: {v}" for k, v in phase["bad"].items()) or "-"
         event = phase["event"]
         recovery = ""
         if "watchdog_reload_s" in event:
@@ -358,12 +367,13 @@ def print_table(result: dict) -> None:
             recovery = f"drained in {event['drain_s']:.2f} s, new server ready after {event['ready_again_s']:.2f} s"
         gap = phase["longest_gap_without_success_s"]
         print(
-            f"{name:15s} {phase['sent']:7d} {phase['succeeded']:7d} {refused:34s} {phase['lost']:5d} "
+            f"{name:15s} {phase['sent']:7d} {phase['succeeded']:7d} {refused:20s} {bad:34s} {phase['lost']:5d} "
             f"{gap if gap is not None else '-':>6} {recovery}"
         )
     total = result["total"]
     print(
-        f"total: {total['sent']} sent, {total['succeeded']} succeeded, refused {total['refused']}, {total['lost']} lost"
+        f"total: {total['sent']} sent, {total['succeeded']} succeeded, good refused {total['refused']}, "
+        f"bad answered {total['bad']}, {total['lost']} lost"
     )
 
 
