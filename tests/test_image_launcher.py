@@ -96,8 +96,8 @@ def image_like_server(settings, repository, tmp_path_factory):
 
 
 def triton_process(launcher: int) -> tuple[int, str, list[bytes]]:
-    """The launcher's one child that is not its HTTP front."""
-    (child,) = [child for child in child_processes(launcher) if b"model_repository.front" not in child[2]]
+    """The launcher's tritonserver child (beside it run the launcher's HTTP front and metrics port)."""
+    (child,) = [child for child in child_processes(launcher) if child[2][0].endswith(b"tritonserver")]
     return child
 
 
@@ -146,28 +146,48 @@ def test_chart_readiness_command_against_the_image_like_server(image_like_server
     assert run.returncode == 0, run.stderr
 
 
-def test_a_dead_stub_is_reported_and_restarted_while_tritons_ready_says_200(image_like_server):
-    """Triton 2.51 keeps /v2/health/ready at 200 with a dead stub; the launcher's /ready reports it until its
-    watchdog has restarted the stage, and then a real inference (the chart's probe) passes (runs last)."""
+def alive(pid: int) -> bool:
+    """Running, not a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def launcher_ready(server) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.ports.health}/ready", timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_a_dead_stub_fails_the_charts_probe_until_the_watchdog_restarts_it(image_like_server):
+    """Triton 2.51 keeps /v2/health/ready at 200 with a dead stub: the chart's readiness probe (a real inference,
+    docker/healthcheck.py) fails meanwhile, which is why it exists; the launcher's /ready reports the stage
+    until its watchdog has restarted it, and the probe passes again. The server is left as it was found."""
     server = image_like_server
     (triton, _, _) = triton_process(server.process.pid)
     (stub,) = stub_processes(triton)["ensemble"]  # the one-stage model: tokenizer and encoder in one stub
-    launcher_ready = f"http://127.0.0.1:{server.ports.health}/ready"
-    os.kill(stub, signal.SIGKILL)
-    reported, deadline = None, time.monotonic() + 30
-    while reported is None and time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(launcher_ready, timeout=5).close()
-        except urllib.error.HTTPError as exc:
-            reported = json.loads(exc.read())
-            with urllib.request.urlopen(f"{server.url}/v2/health/ready", timeout=5) as response:
-                assert response.status == 200  # Triton's own readiness does not notice
-        time.sleep(0.02)
-    assert reported and any("ensemble" in problem for problem in reported["problems"]), reported
-    while time.monotonic() < deadline and healthcheck.problem(server.url):
-        time.sleep(0.2)
-    with urllib.request.urlopen(launcher_ready, timeout=5) as response:
-        body = json.loads(response.read())
-    assert body["ready"] and body["stub_restarts"][0]["model"] == "ensemble"
+    restarts = len(launcher_ready(server)[1].get("stub_restarts", []))
+    os.kill(server.process.pid, signal.SIGSTOP)  # the launcher paused: its watchdog cannot restart the stub yet
+    try:
+        os.kill(stub, signal.SIGKILL)
+        while alive(stub):
+            time.sleep(0.02)
+        problem = healthcheck.problem(server.url)
+        assert problem and "not healthy" in problem, problem
+        assert healthcheck.main(["--url", server.url]) == 1
+        with urllib.request.urlopen(f"{server.url}/v2/health/ready", timeout=5) as response:
+            assert response.status == 200  # Triton's own readiness does not notice
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+    reported, deadline = [], time.monotonic() + 60
+    while (state := launcher_ready(server))[0] != 200 or len(state[1].get("stub_restarts", [])) == restarts:
+        reported += state[1].get("problems", [])
+        assert time.monotonic() < deadline, state
+        time.sleep(0.05)
+    assert any("ensemble" in problem for problem in reported), reported
+    assert state[1]["stub_restarts"][-1]["model"] == "ensemble"
     assert healthcheck.main(["--url", server.url]) == 0
     assert stub_processes(triton)["ensemble"] != [stub]
