@@ -639,3 +639,13 @@ def test_every_value_is_documented():
         if not documented:
             undocumented.append(".".join(path))
     assert not undocumented, f"values.yaml keys without a `# --` comment: {undocumented}"
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_grace_period_outlasts_the_drain_and_tritons_exit(chart, config):
+    """From SIGTERM to SIGKILL the launcher drains for up to server.exit_timeout_s, then tritonserver has as long
+    again to finish (README, Faults): the pod's grace period must hold both, for the settings it embeds."""
+    objects = render(chart, overlay(config))
+    (embedded,) = [c["data"]["settings.toml"] for c in objects["ConfigMap"] if "settings.toml" in c.get("data", {})]
+    exit_timeout_s = tomllib.loads(embedded)["server"]["exit_timeout_s"]
+    assert pod_spec(objects)["terminationGracePeriodSeconds"] > 2 * exit_timeout_s
