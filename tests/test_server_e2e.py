@@ -159,6 +159,9 @@ def test_classification_returns_the_engines_scores_and_labels(
 ):
     import dataclasses
 
+    import torch
+    import transformers
+
     from common.tokenizer_config import load_tokenizer
     from model_repository.generate import generate
     from model_repository.stages.engine import load_engine
@@ -176,14 +179,20 @@ def test_classification_returns_the_engines_scores_and_labels(
             out = client.infer(texts)
     finally:
         server.stop()
-    # The reference: the exported model's logits on the same token ids, softmax in float64.
+    # The reference: PyTorch (transformers) on the exported checkpoint and the same token ids, softmax in float64.
     tokenizer = load_tokenizer(classification_export / "tokenizer.json", settings.model.max_tokens)
-    engine = load_engine("onnxruntime_cpu", classification_export)
-    logits = engine.forward([np.array(e.ids, dtype=np.int32) for e in tokenizer.encode_batch(texts)]).astype(np.float64)
+    encoded = tokenizer.encode_batch(texts)
+    ids = torch.zeros((len(texts), max(len(e.ids) for e in encoded)), dtype=torch.long)
+    for row, encoding in enumerate(encoded):
+        ids[row, : len(encoding.ids)] = torch.tensor(encoding.ids)
+    model = transformers.BertForSequenceClassification.from_pretrained(str(classification_export)).eval()
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=(ids != 0).long()).logits.double().numpy()
     expected = np.exp(logits - logits.max(1, keepdims=True))
     expected /= expected.sum(1, keepdims=True)
-    np.testing.assert_allclose(out["scores"], expected, atol=1e-5)
-    labels = engine.spec.labels
+    np.testing.assert_allclose(out["scores"], expected, atol=1e-6, rtol=0)
+    labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
+    assert list(labels) == list(load_engine("onnxruntime_cpu", classification_export).spec.labels)
     assert list(out["label"].reshape(-1)) == [labels[i] for i in expected.argmax(1)]
 
 
@@ -221,3 +230,28 @@ def test_overload_fails_fast_and_every_request_is_answered(settings, exported, t
     assert len(outcomes) == 64, "every request got an answer"
     assert outcomes.count("ok") + outcomes.count("rejected") == 64, [o for o in outcomes if o.startswith("error")]
     assert outcomes.count("rejected") > 0 and outcomes.count("ok") > 0
+
+
+def test_torch_gpu_engine_serves_through_tritonserver(server, exported, sentences, reference_model, tmp_path_factory):
+    """engine.kind = "torch_gpu" without encoder.gpus runs the packed engine in fp32 on the CPU: served by the
+    real tritonserver, it gives sentence-transformers' embeddings and the ONNX Runtime server's to fp32 rounding."""
+    from common.settings import load_settings
+    from model_repository.generate import generate
+
+    torch_settings = load_settings(None, ['engine.kind="torch_gpu"'])
+    assert torch_settings.engine.kind == "torch_gpu" and not torch_settings.encoder.gpus
+    root = generate(torch_settings, exported, tmp_path_factory.mktemp("torch_repo") / "repo")
+    torch_server = start_server(torch_settings, root, tmp_path_factory.mktemp("torch_server"))
+    try:
+        config = grpcclient.InferenceServerClient(torch_server.grpc_url).get_model_config("ensemble", as_json=True)
+        assert config["config"]["parameters"]["engine_kind"]["string_value"] == "torch_gpu"
+        with TextClient(torch_server.grpc_url, "grpc") as client:
+            served = client.embed(sentences)
+            singles = np.concatenate([client.embed([text]) for text in sentences[:4]])
+    finally:
+        torch_server.stop()
+    with TextClient(server.grpc_url, "grpc") as client:
+        onnxruntime_rows = client.embed(sentences)
+    np.testing.assert_allclose(served, onnxruntime_rows, atol=2e-6, rtol=0)
+    np.testing.assert_allclose(singles, served[:4], atol=2e-6, rtol=0)
+    assert cosine(served, reference_model.encode(sentences, convert_to_numpy=True)).min() >= 0.9999
