@@ -5,6 +5,7 @@ The scenarios are loadtest/reliability.py's, the script behind the README's reli
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -26,7 +27,7 @@ from common.settings import load_settings
 from loadtest import reliability
 from model_repository.generate import generate, python_models
 from model_repository.triton_command import Ports
-from model_repository.watchdog import SHM_REGION_PREFIX
+from model_repository.watchdog import SHM_REGION_PREFIX, child_processes
 from tests.support import scrape
 
 
@@ -225,3 +226,53 @@ def test_shared_memory_of_a_killed_tritonserver_is_removed(settings, repository,
     finally:
         launcher.kill()
     assert shm_regions() <= before, "every region of this launcher's stubs is gone"
+
+
+def test_one_of_several_stubs_is_restored_and_the_launchers_children_die_with_it(settings, exported, tmp_path):
+    """Two instances of the one-stage model: the watchdog reloads the stage when one stub dies, and both serve
+    again. A SIGKILLed launcher takes tritonserver and its other children with it (PR_SET_PDEATHSIG): nothing
+    is left holding the ports."""
+    path = tmp_path / "settings.toml"
+    model = settings.model
+    path.write_text(
+        f"[model]\nsource = {json.dumps(model.source)}\nname = {json.dumps(model.name)}\n\n[encoder]\ninstances = 2\n"
+    )
+    settings = load_settings(path)
+    repository = generate(settings, exported, tmp_path / "model_repository")
+    launcher = reliability.Launcher(path, repository, Ports.free(), tmp_path / "launcher.log").start()
+    stubs = []
+    try:
+        assert launcher.expected_stubs("ensemble") == 2
+        first, _ = launcher.stub_pids("ensemble")
+        os.kill(first, signal.SIGKILL)
+        deadline = time.monotonic() + 90
+        while (
+            not (len(stubs := launcher.stub_pids("ensemble")) == 2 and first not in stubs) or launcher.ready()[0] != 200
+        ):
+            assert time.monotonic() < deadline, (stubs, launcher.ready())
+            time.sleep(0.1)
+        assert launcher.ready()[1]["stub_restarts"][-1]["model"] == "ensemble"
+        with TextClient(f"127.0.0.1:{launcher.ports.grpc}", "grpc") as client:
+            assert client.embed(["two instances again"] * 8).shape == (8, 384)
+        children = {pid: argv[0] for pid, _, argv in child_processes(launcher.process.pid)}
+        assert launcher.triton_pid in children and len(children) >= 2, children  # tritonserver, the front
+        launcher.process.kill()
+        launcher.process.wait()
+        deadline = time.monotonic() + 30
+        while left := {pid: name for pid, name in children.items() if alive(pid)}:
+            assert time.monotonic() < deadline, f"outlived the launcher: {left}"
+            time.sleep(0.1)
+    finally:
+        launcher.kill()
+        # Not the launcher's children: a stub of the reloaded stage can outlive its killed tritonserver.
+        for pid in stubs:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
