@@ -34,3 +34,12 @@ def test_the_recorded_baseline_and_the_caught_regression():
     caught = json.loads((BASELINE.parent / "caught-engine-threads-1.json").read_text())
     assert "engine.threads=1" in caught["command"]
     assert len(compare(caught, baseline, 0.2)) == 2, "the deliberate slowdown fails the check"
+
+
+def test_a_gpu_is_held_to_its_own_baseline():
+    h200 = json.loads((BASELINE.parent / "gpu-nvidia-h200.json").read_text())
+    assert h200["machine"]["gpu"] == "NVIDIA H200" and set(h200["ratios"]) == {"1x64", "1x256"}
+    assert margin_for(h200["machine"], h200["machine"], 0.2) == 0.2
+    assert margin_for({"gpu": "NVIDIA A100-SXM4-80GB", "cores": 16}, h200["machine"], 0.2) == OTHER_MACHINE_MARGIN
+    slower = {"ratios": {shape: ratio * 0.7 for shape, ratio in h200["ratios"].items()}}
+    assert len(compare(slower, h200, 0.2)) == 2 and not compare(h200, h200, 0.2)
