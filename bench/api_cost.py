@@ -1,0 +1,209 @@
+"""python -m bench.api_cost: the API front (POST /v1/embeddings) against direct gRPC at the same concurrency.
+
+Starts the real launcher (tritonserver, its fronts and the API front's api.workers processes) on free ports
+and drives it with closed loops of `--concurrency` clients spread over `--processes` load-generator
+processes, one text of loadtest/corpus.txt per request: `grpc` sends pre-serialized KServe ModelInfer
+requests straight to tritonserver (grpc.aio), `api-base64` and `api-float` send OpenAI embedding requests to
+the API front (aiohttp; base64 is what the OpenAI SDKs ask for by default). Rounds alternate the routes so
+that all see the same machine state. Per route: requests/s, p50 and p99 latency, and CPU microseconds per
+request of tritonserver, the stubs, the API workers and the load generators (/proc). Writes api_cost.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from bench.process_cpu import per_request, snapshot
+from client.core import GRPC_CHANNEL_ARGS, MODEL_INFER, model_infer_request
+from common.settings import load_settings
+from loadtest.corpus import load_text
+from loadtest.reliability import Launcher
+from model_repository.triton_command import Ports
+from model_repository.watchdog import child_processes
+
+ROUTES = ("grpc", "api-base64", "api-float")
+
+
+async def _grpc_loop(target: str, texts: list[str], clients: int, deadline: float) -> list[float]:
+    import grpc
+
+    bodies = [model_infer_request("ensemble", [text]) for text in texts]
+    latencies: list[float] = []
+    async with grpc.aio.insecure_channel(target, options=GRPC_CHANNEL_ARGS) as channel:
+        call = channel.unary_unary(MODEL_INFER, response_deserializer=lambda data: data)
+
+        async def client(offset: int) -> None:
+            index = offset
+            while time.perf_counter() < deadline:
+                started = time.perf_counter()
+                await call(bodies[index % len(bodies)], timeout=60)
+                latencies.append(time.perf_counter() - started)
+                index += clients
+
+        await asyncio.gather(*(client(i) for i in range(clients)))
+    return latencies
+
+
+async def _api_loop(url: str, model: str, encoding: str, texts: list[str], clients: int, deadline: float):
+    import aiohttp
+
+    bodies = [json.dumps({"model": model, "input": text, "encoding_format": encoding}).encode() for text in texts]
+    headers = {"Content-Type": "application/json"}
+    latencies: list[float] = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def client(offset: int) -> None:
+            index = offset
+            while time.perf_counter() < deadline:
+                started = time.perf_counter()
+                async with session.post(url, data=bodies[index % len(bodies)], headers=headers) as response:
+                    await response.read()
+                    if response.status != 200:
+                        raise RuntimeError(f"{url} answered {response.status}")
+                latencies.append(time.perf_counter() - started)
+                index += clients
+
+        await asyncio.gather(*(client(i) for i in range(clients)))
+    return latencies
+
+
+def load_process(job: tuple) -> tuple[list[float], float]:
+    """One load generator: its closed loop's latencies and its own CPU seconds."""
+    route, address, model, texts, clients, duration_s = job
+    cpu = time.process_time()
+    deadline = time.perf_counter() + duration_s
+    if route == "grpc":
+        latencies = asyncio.run(_grpc_loop(address, texts, clients, deadline))
+    else:
+        encoding = route.removeprefix("api-")
+        latencies = asyncio.run(_api_loop(address, model, encoding, texts, clients, deadline))
+    return latencies, time.process_time() - cpu
+
+
+@dataclass(frozen=True)
+class Target:
+    """What every run drives: the model, the texts, how many load processes, and whose CPU to count."""
+
+    model: str
+    texts: list[str]
+    processes: int
+    server_pid: int
+    api_pids: list[int]
+
+
+def run_route(pool, target: Target, route: str, address: str, concurrency: int, duration_s: float) -> dict:
+    processes = target.processes
+    shares = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
+    jobs = [
+        (route, address, target.model, target.texts[i::processes], clients, duration_s)
+        for i, clients in enumerate(shares)
+        if clients
+    ]
+    others = {"api workers": target.api_pids}
+    before = snapshot(target.server_pid, others)
+    started = time.perf_counter()
+    results = pool.map(load_process, jobs)
+    seconds = time.perf_counter() - started
+    latencies = sorted(latency for part, _ in results for latency in part)
+    cost = per_request(before, snapshot(target.server_pid, others), len(latencies))
+    cost["cpu_us_per_request"]["load generators"] = round(sum(cpu for _, cpu in results) / len(latencies) * 1e6, 1)
+    return {
+        "requests": len(latencies),
+        "rps": round(len(latencies) / seconds, 1),
+        "p50_ms": round(1000 * statistics.median(latencies), 3),
+        "p99_ms": round(1000 * latencies[int(0.99 * (len(latencies) - 1))], 3),
+        **cost,
+    }
+
+
+def profile_worker(pid: int, seconds: float, path: Path) -> None:
+    """py-spy samples one API worker in the background for `seconds` (collapsed stacks into path)."""
+    binary = os.environ.get("PY_SPY") or shutil.which("py-spy")
+    if binary:
+        subprocess.Popen(
+            [binary, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "200",
+             "--format", "raw", "--output", str(path), "--nonblocking"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.api_cost", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--settings", help="settings file (default: model_repository/settings.toml)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[64])
+    parser.add_argument("--processes", type=int, default=2, help="load-generator processes")
+    parser.add_argument("--duration-s", type=float, default=10.0, help="per route, concurrency and round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--routes", nargs="+", choices=ROUTES, default=list(ROUTES))
+    parser.add_argument("--profile", action="store_true", help="py-spy one API worker in the first api round")
+    parser.add_argument("--out", type=Path, default=Path("build/bench"))
+    args = parser.parse_args(argv)
+    settings = load_settings(args.settings)
+    texts = load_text()
+    args.out.mkdir(parents=True, exist_ok=True)
+    ports = Ports.free()
+    launcher = Launcher(settings.path, settings.repository_dir, ports, args.out / "api_cost_launcher.log").start()
+    addresses = {
+        "grpc": f"127.0.0.1:{ports.grpc}",
+        "api-base64": f"http://127.0.0.1:{ports.api}/v1/embeddings",
+        "api-float": f"http://127.0.0.1:{ports.api}/v1/embeddings",
+    }
+    results: dict = {}
+    try:
+        children = child_processes(launcher.process.pid)
+        (server_pid,) = [pid for pid, _, argv_ in children if argv_[0].endswith(b"tritonserver")]
+        api_pids = [pid for pid, _, argv_ in children if b"model_repository.api_front" in argv_]
+        target = Target(settings.model.name, texts, args.processes, server_pid, api_pids)
+        with multiprocessing.get_context("spawn").Pool(args.processes) as pool:
+            for concurrency in args.concurrency:
+                for route in args.routes:  # warm-up
+                    run_route(pool, target, route, addresses[route], concurrency, 2.0)
+                runs: dict[str, list[dict]] = {route: [] for route in args.routes}
+                for index in range(args.rounds):
+                    for route in args.routes:
+                        if args.profile and index == 0 and route.startswith("api") and api_pids:
+                            profile_worker(api_pids[0], args.duration_s, args.out / f"py-spy-api-c{concurrency}.txt")
+                        runs[route].append(
+                            run_route(pool, target, route, addresses[route], concurrency, args.duration_s)
+                        )
+                medians = {route: statistics.median(run["rps"] for run in done) for route, done in runs.items()}
+                ratios = (
+                    {route: round(rps / medians["grpc"], 3) for route, rps in medians.items()}
+                    if "grpc" in medians
+                    else {}
+                )
+                results[f"c={concurrency}"] = {"runs": runs, "median_rps": medians, "vs_grpc": ratios}
+                print(f"c={concurrency}", medians, ratios, flush=True)
+    finally:
+        launcher.terminate()
+        launcher.process.wait(timeout=60)
+    record = {
+        "benchmark": "api_cost",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{platform.node()}: {os.cpu_count()} cores, {platform.processor() or platform.machine()}",
+        "command": "python -m bench.api_cost " + " ".join(sys.argv[1:] if argv is None else argv),
+        "settings": str(settings.path),
+        "api_workers": settings.api.workers,
+        "note": "load generators, API front and tritonserver share the machine; rounds alternate the routes",
+        "results": results,
+    }
+    (args.out / "api_cost.json").write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {args.out / 'api_cost.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
