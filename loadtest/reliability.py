@@ -389,8 +389,11 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args.settings, repository, args.out, args.users, args.phase_seconds)
     (args.out / "reliability.json").write_text(json.dumps(result, indent=2) + "\n")
     print_table(result)
-    return 0 if result["total"]["lost"] == 0 else 1
+    return 0 if held(result["total"]) else 1
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def held(total: dict) -> bool:
+    """Nothing lost, no good request refused, and every bad one refused as INVALID_ARGUMENT."""
+    answers = dict(total["bad"])
+    sent = answers.pop("sent", 0)
+    return total["lost"] == 0 and not total["refused"] and answers == ({"invalid_argument": sent} if sent else {})
