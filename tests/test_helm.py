@@ -188,6 +188,7 @@ def test_values_schema_refuses_bad_values(chart):
         ({"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}}, "must not exceed"),
         ({"settings": {"toml": "[server]\nhttp_port = 9000\n"}}, "lacks [api] port"),
         ({"settings": {"toml": "[model\n"}}, "not valid TOML"),
+        ({"terminationGracePeriodSeconds": 20}, "must exceed 2 x server.exit_timeout_s (20)"),
     ],
 )
 def test_inconsistent_values_fail_with_a_reason(chart, values, message):

@@ -141,6 +141,9 @@ Checks across values that the schema cannot express.
 {{- if and .Values.autoscaling.enabled .Values.autoscaling.gpu.targetAverageUtilization (eq (int $s.gpus) 0) }}
 {{- fail (printf "autoscaling.gpu.targetAverageUtilization needs GPUs: engine.kind %q in settings.toml uses none" $s.engineKind) }}
 {{- end }}
+{{- if le (int .Values.terminationGracePeriodSeconds) (mul 2 $s.exitTimeoutS) }}
+{{- fail (printf "terminationGracePeriodSeconds (%d) must exceed 2 x server.exit_timeout_s (%d): the launcher serves until quiet for up to exit_timeout_s, then Triton has as long again to exit" (int .Values.terminationGracePeriodSeconds) (mul 2 $s.exitTimeoutS)) }}
+{{- end }}
 {{- if .Values.apiFront.enabled }}
 {{- if eq .Values.modelRepository.source "objectStore" }}
 {{- fail "apiFront.enabled needs the model repository on a volume (modelRepository.source = pvc): the front reads its tokenizer and serving.json there, and the launcher's /ready" }}
