@@ -1,8 +1,8 @@
 """python -m model_repository.server: run NVIDIA's real tritonserver (from the nvidia-pytriton wheel).
 
 Where tritonserver comes from and what is checked before it starts: triton_install.py; its command line:
-triton_command.py; the launcher's /ready, /live and /metrics: health.py; the HTTP front: front.py; the metrics
-port (Triton's metrics with the GPUs' from NVML, as Triton's DCGM ones read 0 here): metrics_proxy.py.
+triton_command.py; the launcher's /ready, /live and /metrics: health.py; the HTTP front, the API front and the
+metrics port it serves beside tritonserver: fronts.py.
 
 The launcher stays tritonserver's parent: it starts tritonserver again when it dies (bounded backoff, at most
 server.max_restarts within server.restart_window_s, then it exits non-zero), restarts a Python stage whose
@@ -10,8 +10,7 @@ stub died (watchdog.py), serves /ready, /live and /metrics on server.health_port
 stub alive, not shutting down), and on SIGTERM or SIGINT drains: /ready turns 503 at once, Triton keeps
 serving until no request has completed for a second (at most server.exit_timeout_s), then gets SIGTERM and
 has server.exit_timeout_s again to finish. tritonserver runs in a session of its own, so a Ctrl-C in the
-terminal reaches the launcher alone (which drains), and whatever it leaves behind when it exits (stubs
-still unloading, their shared memory) is removed with it.
+terminal reaches the launcher alone (which drains); what it leaves when it exits (stubs, shared memory) goes.
 """
 
 from __future__ import annotations
@@ -34,11 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.settings import Settings, SettingsError, load_settings
-from model_repository import api_front
-from model_repository import front as http_front
 from model_repository.front_workers import FrontWorkers
+from model_repository.fronts import start_api, start_front, start_metrics
 from model_repository.health import HealthEndpoint
-from model_repository.metrics_proxy import MetricsProxy
 from model_repository.process_control import die_with_parent, port_problem
 from model_repository.triton_command import Ports, free_ports, server_command
 from model_repository.triton_install import (
@@ -385,49 +382,6 @@ def supervise(server: TritonServer) -> int:
         )
         if server.stopping.wait(delay):
             return 0
-
-
-def start_front(server: TritonServer, settings: Settings) -> None:
-    """The HTTP front on server.http_port, once every port is known to be free: a second `make serve` names
-    the busy one and leaves nothing behind."""
-    problem = port_problem(server.host, server.ports.http, "server.http_port")
-    if problem:
-        raise ServerError(problem)
-    server.check_ports()
-    front = settings.front
-    arguments = http_front.command(server.host, server.ports.http, server.ports.triton_http, front.max_body_bytes)
-    server.front = FrontWorkers("HTTP front", arguments, front.workers, server.host, server.ports.http)
-    server.front.start()
-
-
-def start_api(server: TritonServer, settings: Settings) -> None:
-    """The API front's workers on ports.api, calling this server's gRPC; its /health asks the launcher's /ready."""
-    ports = server.ports
-    problem = port_problem(server.host, ports.api, "api.port")
-    if problem:
-        raise ServerError(problem)
-    arguments = api_front.command(
-        settings.path,
-        server.repository,
-        server.host,
-        ports.api,
-        f"127.0.0.1:{ports.grpc}",
-        f"http://127.0.0.1:{ports.health}/ready",
-        f"http://127.0.0.1:{ports.metrics}/metrics",
-    )
-    server.api = FrontWorkers("API front", arguments, settings.api.workers, server.host, ports.api).start()
-
-
-def start_metrics(server: TritonServer) -> MetricsProxy:
-    """The metrics port, served by the launcher so that it answers while tritonserver restarts; tritonserver's
-    own metrics go to 127.0.0.1:ports.triton_metrics. Its ports are checked first, so that a busy one is
-    named in the order the settings list them."""
-    server.check_ports()
-    metrics_host, metrics_port = server.ports.triton_metrics_address(server.host)
-    proxy = MetricsProxy(server.host, server.ports.metrics, (metrics_host, metrics_port))
-    print(f"launcher: {proxy.describe()}", flush=True)
-    threading.Thread(target=proxy.serve_forever, name="metrics", daemon=True).start()
-    return proxy
 
 
 def main(argv: list[str] | None = None) -> int:
