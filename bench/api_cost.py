@@ -16,17 +16,16 @@ import asyncio
 import json
 import multiprocessing
 import os
-import platform
 import shutil
 import statistics
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 from bench.process_cpu import per_request, snapshot
+from bench.record import header
 from client.core import GRPC_CHANNEL_ARGS, MODEL_INFER, model_infer_request
 from common.settings import load_settings
 from loadtest.corpus import load_text
@@ -191,10 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         launcher.terminate()
         launcher.process.wait(timeout=60)
     record = {
-        "benchmark": "api_cost",
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": f"{platform.node()}: {os.cpu_count()} cores, {platform.processor() or platform.machine()}",
-        "command": "python -m bench.api_cost " + " ".join(sys.argv[1:] if argv is None else argv),
+        **header("api_cost", argv),
         "settings": str(settings.path),
         "api_workers": settings.api.workers,
         "note": "load generators, API front and tritonserver share the machine; rounds alternate the routes",

@@ -12,16 +12,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import aiohttp
 
+from bench.record import header
 from common.contract import TEXT_INPUT
 from common.settings import load_settings
 from loadtest.corpus import load_text
@@ -104,10 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         launcher.terminate()
         launcher.process.wait(timeout=60)
     record = {
-        "benchmark": "front_cost",
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": f"{platform.node()}: {os.cpu_count()} cores, {platform.processor() or platform.machine()}",
-        "command": "python -m bench.front_cost " + " ".join(sys.argv[1:] if argv is None else argv),
+        **header("front_cost", argv),
         "settings": str(settings.path),
         "front_workers": settings.front.workers,
         "note": "client, front and tritonserver share the machine; rounds alternate front and tritonserver",

@@ -64,6 +64,17 @@ def error_kind(exc: BaseException) -> str:
     return "other"
 
 
+def launcher_ready(health_port: int, timeout_s: float = 2.0) -> tuple[int, dict]:
+    """(HTTP status, body) of the launcher's /ready on 127.0.0.1:health_port; (0, {}) while nothing answers."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{health_port}/ready", timeout=timeout_s) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return 0, {}
+
+
 class Launcher:
     """The real launcher as a child process, on given ports."""
 
@@ -88,14 +99,7 @@ class Launcher:
         return self
 
     def ready(self) -> tuple[int, dict]:
-        """(HTTP status, body) of the launcher's /ready; (0, {}) while nothing answers."""
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.ports.health}/ready", timeout=2) as response:
-                return response.status, json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read() or b"{}")
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return 0, {}
+        return launcher_ready(self.ports.health)
 
     @property
     def triton_pid(self) -> int:

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from client import TextClient
+from loadtest import reliability
 from model_repository.triton_command import Ports
 from model_repository.triton_install import (
     check_stub_python,
@@ -155,11 +156,7 @@ def alive(pid: int) -> bool:
 
 
 def launcher_ready(server) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{server.ports.health}/ready", timeout=5) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+    return reliability.launcher_ready(server.ports.health, timeout_s=5)
 
 
 def test_a_dead_stub_fails_the_charts_probe_until_the_watchdog_restarts_it(image_like_server):
