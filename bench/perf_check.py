@@ -168,15 +168,13 @@ def margin_for(machine: dict, baseline_machine: dict, margin: float) -> float:
     return margin if same else max(margin, OTHER_MACHINE_MARGIN)
 
 
-def compare(measured: dict, baseline: dict, margin: float) -> list[str]:
-    """One line per shape whose ratio fell more than margin below the baseline's."""
+def compare(measured: dict, baseline: dict, margin: float, reference: str = "sentence-transformers") -> list[str]:
+    """One line per shape whose ratio (to `reference`) fell more than margin below the baseline's."""
     failures = []
     for shape, expected in baseline["ratios"].items():
         got = measured["ratios"].get(shape)
         if got is None or got < expected * (1 - margin):
-            failures.append(
-                f"{shape}: {got}x sentence-transformers, baseline {expected}x (more than {margin:.0%} lower)"
-            )
+            failures.append(f"{shape}: {got}x {reference}, baseline {expected}x (more than {margin:.0%} lower)")
     return failures
 
 
@@ -260,7 +258,7 @@ def report(args, record: dict, measured: dict, reference: str, baseline_path: Pa
     if margin != args.margin:
         cpu, known = record["machine"]["cpu"], baseline["machine"]["cpu"]
         print(f"no baseline for this CPU ({cpu}): held to that of {known} within {margin:.0%}")
-    failures = compare(measured, baseline, margin)
+    failures = compare(measured, baseline, margin, reference)
     for line in failures:
         print(f"perf-check FAILED {line}", file=sys.stderr)
     if not failures:

@@ -41,5 +41,8 @@ def test_a_gpu_is_held_to_its_own_baseline():
     assert h200["machine"]["gpu"] == "NVIDIA H200" and set(h200["ratios"]) == {"1x64", "1x256"}
     assert margin_for(h200["machine"], h200["machine"], 0.2) == 0.2
     assert margin_for({"gpu": "NVIDIA A100-SXM4-80GB", "cores": 16}, h200["machine"], 0.2) == OTHER_MACHINE_MARGIN
-    slower = {"ratios": {shape: ratio * 0.7 for shape, ratio in h200["ratios"].items()}}
-    assert len(compare(slower, h200, 0.2)) == 2 and not compare(h200, h200, 0.2)
+    assert not compare(h200, h200, 0.2)
+    caught = json.loads((BASELINE.parent / "caught-gpu-instances-1.json").read_text())
+    assert "encoder.instances=1" in caught["command"]
+    failures = compare(caught, h200, 0.2, "the engine alone")
+    assert len(failures) == 2 and "x the engine alone, baseline" in failures[0], "one instance instead of 8 is caught"
