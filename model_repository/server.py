@@ -29,7 +29,6 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.settings import Settings, SettingsError, load_settings
@@ -37,6 +36,7 @@ from model_repository.front_workers import FrontWorkers
 from model_repository.fronts import start_api, start_front, start_metrics
 from model_repository.health import HealthEndpoint
 from model_repository.process_control import die_with_parent, port_problem
+from model_repository.supervision import Restarts, supervise
 from model_repository.triton_command import Ports, free_ports, server_command
 from model_repository.triton_install import (
     ServerError,
@@ -64,25 +64,6 @@ def between_steps(steps: list[str], counts: dict[str, tuple[int, int]]) -> int:
     from (succeeded, failed) counts per model."""
     zero = (0, 0)
     return sum(counts.get(a, zero)[0] - sum(counts.get(b, zero)) for a, b in itertools.pairwise(steps))
-
-
-@dataclass
-class Restarts:
-    """tritonserver deaths within a sliding window: the backoff before the next start, or the end of trying."""
-
-    max_restarts: int
-    window_s: float
-    total: int = 0
-    recent: list = field(default_factory=list)  # time.monotonic() of each death in the window
-
-    def record(self) -> float | None:
-        """Count one death; seconds to wait before starting again, or None once it died too often."""
-        now = time.monotonic()
-        self.recent = [*(t for t in self.recent if now - t < self.window_s), now]
-        if len(self.recent) > self.max_restarts:
-            return None
-        self.total += 1
-        return min(2.0 ** (len(self.recent) - 1), 30.0)
 
 
 class TritonServer:
@@ -326,62 +307,6 @@ class TritonServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def exit_status(code: int) -> int:
-    """tritonserver's exit code as a shell reports it: killed by signal N gives 128 + N."""
-    return 128 - code if code < 0 else code
-
-
-def describe_exit(code: int) -> str:
-    return f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-
-
-def supervise(server: TritonServer) -> int:
-    """Run tritonserver until a drain ends it, starting it again when it dies: the launcher's exit status."""
-    settings = server.settings.server
-    while True:
-        try:
-            server.start()
-        except ServerError as exc:
-            if server.draining:
-                return 0
-            if not server.was_ready:
-                print(f"serve failed: {exc}", file=sys.stderr)
-                return 1
-            print(f"launcher: tritonserver did not come back: {exc}", flush=True)
-        else:
-            print(
-                f"tritonserver ready: HTTP {server.host}:{server.ports.http}"
-                f"{f' (front; tritonserver {server.http_url})' if server.front else ''}, "
-                f"gRPC {server.grpc_url}, metrics {server.host}:{server.ports.metrics}"
-                f"{f' (tritonserver 127.0.0.1:{server.ports.triton_metrics})' if server.ports.triton_metrics else ''}, "
-                f"launcher /ready, /live and /metrics on {server.host}:{server.ports.health}"
-                f"{f', OpenAI and TEI API on http://{server.host}:{server.ports.api}' if server.api else ''}",
-                flush=True,
-            )
-        code = server.process.wait()
-        server.reap()
-        print(f"launcher: tritonserver exited with {describe_exit(code)}", flush=True)
-        if server.draining:
-            return exit_status(code)
-        delay = server.restarts.record()
-        if delay is None:
-            deaths, window = len(server.restarts.recent), settings.restart_window_s
-            print(
-                f"launcher: tritonserver died {deaths} times within {window:.0f} s (server.max_restarts = "
-                f"{settings.max_restarts}): giving up; the last exit was {describe_exit(code)}, see its log above",
-                file=sys.stderr,
-                flush=True,
-            )
-            return exit_status(code) or 1
-        print(
-            f"launcher: starting tritonserver again in {delay:.0f} s (restart {len(server.restarts.recent)} of at most "
-            f"{settings.max_restarts} within {settings.restart_window_s:.0f} s); /ready answers 503 meanwhile",
-            flush=True,
-        )
-        if server.stopping.wait(delay):
-            return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,6 +6,7 @@ The scenarios are loadtest/reliability.py's, the script behind the README's reli
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import re
@@ -99,12 +100,32 @@ def test_sigterm_and_ctrl_c_drain_every_request_in_flight(launcher, stop):
     while (ready := launcher.ready())[0] != 503 and time.monotonic() < deadline:
         time.sleep(0.02)
     status, body = ready
-    assert status == 503 and any("draining" in problem for problem in body["problems"]), body
+    assert status == 503 and any("draining" in problem for problem in body["problems"]), (
+        body,
+        launcher.log_path.read_text()[-3000:],
+    )
     for thread in threads:
         thread.join(timeout=60)
     assert [outcome for outcome, _ in answered] == ["ok"] * 8
     # Requests were in flight at the signal: answered after it, so the drain is what answered them.
     assert sum(when > signalled for _, when in answered) >= 1, "every request was answered before the signal"
+    assert launcher.process.wait(timeout=60) == 0, launcher.log_path.read_text()[-3000:]
+
+
+def test_a_sigterm_taken_by_any_thread_of_the_launcher_starts_the_drain(launcher):
+    """The kernel hands a process's SIGTERM to any of its threads; Python runs the handler in the main thread, so
+    the drain must start even when another thread took the signal while the main thread waits on tritonserver."""
+    tgkill = getattr(ctypes.CDLL(None, use_errno=True), "tgkill", None)
+    if tgkill is None:
+        pytest.skip("this libc has no tgkill() to send a signal to one thread")
+    pid = launcher.process.pid
+    others = sorted(int(tid) for tid in os.listdir(f"/proc/{pid}/task") if int(tid) != pid)
+    assert others, "the launcher runs threads beside its main thread (health, metrics, watchdog, fronts)"
+    assert tgkill(pid, others[0], signal.SIGTERM) == 0, ctypes.get_errno()
+    deadline = time.monotonic() + 5
+    while (ready := launcher.ready())[0] != 503 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert ready[0] == 503 and any("draining" in problem for problem in ready[1]["problems"]), ready
     assert launcher.process.wait(timeout=60) == 0, launcher.log_path.read_text()[-3000:]
 
 
