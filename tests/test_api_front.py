@@ -302,3 +302,31 @@ async def flood(url: str, model: str, texts: list[str]) -> list[int]:
             return answer.status_code
 
         return await asyncio.gather(*(send(text) for text in texts))
+
+
+def test_predict_ranks_a_classifiers_labels_as_the_ensemble_scores_them(classification_export, tmp_path_factory):
+    from common.contract import ServingSpec
+    from common.settings import load_settings
+    from model_repository.generate import generate
+
+    classifier = load_settings(None, ['model.task="classification"'])
+    root = generate(classifier, classification_export, tmp_path_factory.mktemp("api_cls") / "repo")
+    server = start_server(classifier, root, tmp_path_factory.mktemp("api_cls_server"))
+    front = Front(root, urls(server), 'model.task="classification"')
+    texts = ["great movie", "terrible service, never again"]
+    try:
+        with TextClient(server.grpc_url, "grpc") as client:
+            served = client.infer(texts)
+        ranked = front.post("/predict", {"inputs": texts}).json()
+        single = front.post("/predict", {"inputs": texts[0]}).json()
+        embeddings = front.post("/v1/embeddings", {"input": "a"})
+    finally:
+        front.stop()
+        server.stop()
+    labels = ServingSpec.load(classification_export).labels
+    for row, scores, label in zip(ranked, served["scores"], served["label"].reshape(-1), strict=True):
+        assert [item["label"] for item in row] == [labels[i] for i in np.argsort(-scores, kind="stable")]
+        np.testing.assert_allclose([item["score"] for item in row], np.sort(scores)[::-1], atol=1e-6)
+        assert row[0]["label"] == label
+    assert single == ranked[0], "one text in, one ranking out"
+    assert embeddings.status_code == 400 and "use POST /predict" in embeddings.json()["error"]["message"]
