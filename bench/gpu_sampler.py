@@ -1,12 +1,15 @@
-"""GPU utilization, memory, power and SM clock sampled through NVML (nvidia-ml-py) while a benchmark runs.
+"""GPU utilization, memory, power and SM clock sampled through NVML while a benchmark runs.
 
 Triton's own nv_gpu_utilization needs DCGM, which the wheel's tritonserver lacks (it reads 0); NVML answers
-directly. Without nvidia-ml-py or a GPU the sampler records nothing and says why.
+directly. The readings are the metrics port's own (model_repository/gpu_metrics.py). Without nvidia-ml-py or
+a GPU the sampler records nothing and says why.
 """
 
 from __future__ import annotations
 
 import threading
+
+from model_repository.gpu_metrics import GpuReading, NvmlGpus
 
 
 class GpuSampler:
@@ -14,37 +17,26 @@ class GpuSampler:
 
     def __init__(self, interval_s: float = 0.1) -> None:
         self.interval_s = interval_s
-        self.samples: dict[int, list[tuple[int, int, float, int]]] = {}
+        self.samples: dict[int, list[GpuReading]] = {}
         self.problem: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._handles: list = []
-        self._nvml = None
+        self._gpus: NvmlGpus | None = None
 
     def __enter__(self) -> GpuSampler:
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self._nvml = pynvml
-            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        except Exception as exc:  # no nvidia-ml-py, no driver, no GPU
-            self.problem = f"no NVML: {exc}"
+        self._gpus = NvmlGpus()
+        if not self._gpus.available:
+            self.problem = f"no NVML: {self._gpus.problem}"
             return self
-        self.samples = {index: [] for index in range(len(self._handles))}
+        self.samples = {index: [] for index in range(len(self._gpus))}
         self._thread = threading.Thread(target=self._run, name="gpu-sampler", daemon=True)
         self._thread.start()
         return self
 
     def _run(self) -> None:
-        nvml = self._nvml
         while not self._stop.wait(self.interval_s):
-            for index, handle in enumerate(self._handles):
-                util = nvml.nvmlDeviceGetUtilizationRates(handle)
-                memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-                power_w = nvml.nvmlDeviceGetPowerUsage(handle) / 1000
-                clock = nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)
-                self.samples[index].append((util.gpu, memory.used >> 20, power_w, clock))
+            for index, reading in enumerate(self._gpus.read()):
+                self.samples[index].append(reading)
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
@@ -55,7 +47,12 @@ class GpuSampler:
         if self.problem:
             return {"problem": self.problem}
         out = {}
-        for index, rows in self.samples.items():
+        for index, readings in self.samples.items():
+            rows = [
+                (r.utilization * 100, r.memory_used_bytes >> 20, r.power_watts, r.sm_clock_hz / 1e6)
+                for r in readings
+                if None not in (r.utilization, r.memory_used_bytes, r.power_watts, r.sm_clock_hz)
+            ]
             if not rows:
                 continue
             util, memory, power, clock = zip(*rows, strict=True)
