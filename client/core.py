@@ -104,10 +104,16 @@ def is_retryable(exc: BaseException) -> bool:
 def model_infer_request(model: str, texts: Sequence[str]) -> bytes:
     """A serialized KServe v2 gRPC ModelInferRequest carrying `texts`: what TextClient sends, as bytes that a
     load generator can build once and send many times (loadtest/locustfile.py, bench/cpu_throughput.py)."""
-    content = b"".join(len(data).to_bytes(4, "little") + data for data in encode_texts(texts))
+    return encoded_infer_request(model, encode_texts(texts))
+
+
+def encoded_infer_request(model: str, encoded: Sequence[bytes], outputs: Sequence[str] = ()) -> bytes:
+    """model_infer_request for texts already UTF-8, asking for `outputs` by name (none: all of them)."""
     request = service_pb2.ModelInferRequest(model_name=model)
-    request.inputs.add(name=TEXT_INPUT, datatype="BYTES", shape=[len(texts), 1])
-    request.raw_input_contents.append(content)
+    request.inputs.add(name=TEXT_INPUT, datatype="BYTES", shape=[len(encoded), 1])
+    request.raw_input_contents.append(b"".join(len(data).to_bytes(4, "little") + data for data in encoded))
+    for name in outputs:
+        request.outputs.add(name=name)
     return request.SerializeToString()
 
 

@@ -21,8 +21,7 @@ import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2
 
-from client.core import GRPC_CHANNEL_ARGS, MODEL_INFER, TRANSIENT_MESSAGES
-from common.contract import TEXT_INPUT
+from client.core import GRPC_CHANNEL_ARGS, MODEL_INFER, TRANSIENT_MESSAGES, encoded_infer_request
 
 MODEL = "ensemble"
 DTYPES = {"FP32": np.float32, "INT32": np.int32, "INT64": np.int64}
@@ -59,15 +58,6 @@ def chunk_bounds(sizes: Sequence[int], max_texts: int, max_bytes: int) -> list[s
         total += size
     bounds.append(slice(start, len(sizes)))
     return bounds
-
-
-def infer_request(encoded: Sequence[bytes], outputs: Sequence[str]) -> bytes:
-    request = service_pb2.ModelInferRequest(model_name=MODEL)
-    request.inputs.add(name=TEXT_INPUT, datatype="BYTES", shape=[len(encoded), 1])
-    request.raw_input_contents.append(b"".join(len(data).to_bytes(4, "little") + data for data in encoded))
-    for name in outputs:
-        request.outputs.add(name=name)
-    return request.SerializeToString()
 
 
 def _bytes_tensor(raw: bytes, count: int) -> np.ndarray:
@@ -119,7 +109,7 @@ class TritonLink:
 
     async def _call(self, encoded: Sequence[bytes], outputs: Sequence[str]) -> dict[str, np.ndarray]:
         try:
-            data = await next(self._calls)(infer_request(encoded, outputs), timeout=self.timeout_s)
+            data = await next(self._calls)(encoded_infer_request(MODEL, encoded, outputs), timeout=self.timeout_s)
         except grpc.aio.AioRpcError as exc:
             raise _error(exc) from None
         return decode_response(data)
