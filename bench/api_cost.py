@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.process_cpu import per_request, snapshot
-from bench.record import header
+from bench.record import header, write
 from client.core import GRPC_CHANNEL_ARGS, MODEL_INFER, model_infer_request
 from common.settings import load_settings
 from loadtest.corpus import load_text
@@ -196,8 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         "note": "load generators, API front and tritonserver share the machine; rounds alternate the routes",
         "results": results,
     }
-    (args.out / "api_cost.json").write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {args.out / 'api_cost.json'}")
+    write(args.out, record)
     return 0
 
 

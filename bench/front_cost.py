@@ -19,7 +19,7 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.record import header
+from bench.record import header, write
 from common.contract import TEXT_INPUT
 from common.settings import load_settings
 from loadtest.corpus import load_text
@@ -108,8 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         "note": "client, front and tritonserver share the machine; rounds alternate front and tritonserver",
         "results": results,
     }
-    (args.out / "front_cost.json").write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {args.out / 'front_cost.json'}")
+    write(args.out, record)
     return 0
 
 

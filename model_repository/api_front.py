@@ -112,12 +112,9 @@ class Api:
         except TritonError as exc:
             raise ApiError(500, f"tritonserver failed: {exc}") from None
 
-    def embedding_model(self) -> None:
+    async def embed(self, encoded: list[bytes], dimensions: int | None, normalize: bool):
         if self.spec.task != "embedding":
             raise ApiError(400, f"{self.name} is a classification model: use POST /predict", "model")
-
-    async def embed(self, encoded: list[bytes], dimensions: int | None, normalize: bool):
-        self.embedding_model()
         outputs = await self.infer(encoded, ["embedding"])
         # An already unit-length embedding (the export normalizes) needs renormalizing only when truncated.
         renormalize = normalize and not self.spec.normalize
