@@ -46,6 +46,26 @@ GPU_SETTINGS = ROOT / "model_repository" / "variants" / "bert-base-h200.toml"
 OTHER_MACHINE_MARGIN = 0.4
 
 
+def interleaved(loads: dict, served, reference, rounds: int, first_reference: float) -> dict:
+    """Per shape, the median over rounds of served(*load) / reference(): the reference timed once before the
+    first round (first_reference) and after each, and each round held to the mean of the two around it."""
+    references = [first_reference]
+    ratios: dict[str, list[float]] = {shape: [] for shape in loads}
+    rates: dict[str, list[float]] = {shape: [] for shape in loads}
+    for _ in range(rounds):
+        round_rates = {shape: served(*load) for shape, load in loads.items()}
+        references.append(reference())
+        for shape, rate in round_rates.items():
+            rates[shape].append(round(rate, 1))
+            ratios[shape].append(rate / ((references[-2] + references[-1]) / 2))
+    return {
+        "ratios": {shape: round(statistics.median(values), 3) for shape, values in ratios.items()},
+        "round_ratios": {shape: [round(v, 3) for v in values] for shape, values in ratios.items()},
+        "served": rates,
+        "references": [round(rate, 1) for rate in references],
+    }
+
+
 def measure(settings_path: str | None, overrides: list[str], texts: list[str], shapes: list[str], rounds: int) -> dict:
     """Per shape, the median over rounds of ensemble texts/s / sentence-transformers texts/s, where each round
     times sentence-transformers, then each shape, then sentence-transformers again (both sides drift on a
@@ -57,26 +77,23 @@ def measure(settings_path: str | None, overrides: list[str], texts: list[str], s
     work_dir = settings.build_dir / "perf_check"
     repository = generate(settings, settings.export_dir, work_dir / "model_repository")
     loads = dict(zip(shapes, parse_shapes(",".join(shapes)), strict=True))  # "1x32" -> (1, 32)
-    ratios: dict[str, list[float]] = {shape: [] for shape in shapes}
-    rates: dict[str, list[float]] = {shape: [] for shape in shapes}
     with TritonServer(settings, repository, Ports.free(), "127.0.0.1", work_dir=work_dir) as server:
+
+        def served(per_request: int, concurrency: int) -> float:
+            return asyncio.run(ensemble_rate(server.grpc_url, texts, per_request, concurrency))[0]
+
         for per_request, concurrency in loads.values():  # warm-up
             asyncio.run(ensemble_rate(server.grpc_url, texts[:64], per_request, concurrency))
-        references = [encode_rate(model, texts, 32)]
-        for _ in range(rounds):
-            served = {
-                shape: asyncio.run(ensemble_rate(server.grpc_url, texts, per_request, concurrency))[0]
-                for shape, (per_request, concurrency) in loads.items()
-            }
-            references.append(encode_rate(model, texts, 32))
-            for shape, rate in served.items():
-                rates[shape].append(round(rate, 1))
-                ratios[shape].append(rate / ((references[-2] + references[-1]) / 2))
+
+        def reference() -> float:
+            return encode_rate(model, texts, 32)
+
+        result = interleaved(loads, served, reference, rounds, reference())
     return {
-        "ratios": {shape: round(statistics.median(values), 3) for shape, values in ratios.items()},
-        "round_ratios": {shape: [round(v, 3) for v in values] for shape, values in ratios.items()},
-        "ensemble_texts_per_s": rates,
-        "sentence_transformers_texts_per_s": [round(rate, 1) for rate in references],
+        "ratios": result["ratios"],
+        "round_ratios": result["round_ratios"],
+        "ensemble_texts_per_s": result["served"],
+        "sentence_transformers_texts_per_s": result["references"],
     }
 
 
@@ -115,9 +132,7 @@ def measure_gpu(settings_path, overrides: list[str], texts: list[str], shapes: l
     perf_analyzer_input(texts, data)
     loads = dict(zip(shapes, parse_shapes(",".join(shapes)), strict=True))
     engine, batches = engine_batches(settings, texts, args.engine_batch)  # kept: loading it again costs a capture
-    references = [engine_rate(engine, batches)]
-    ratios: dict[str, list[float]] = {shape: [] for shape in shapes}
-    rates: dict[str, list[float]] = {shape: [] for shape in shapes}
+    first_reference = engine_rate(engine, batches)
     with TritonServer(settings, repository, Ports.free(), "127.0.0.1", work_dir=work_dir) as server:
 
         def served(per_request: int, concurrency: int, interval_ms: int) -> float:
@@ -137,17 +152,18 @@ def measure_gpu(settings_path, overrides: list[str], texts: list[str], shapes: l
 
         for per_request, concurrency in loads.values():  # warm-up
             served(per_request, concurrency, 1000)
-        for _ in range(rounds):
-            round_rates = {shape: served(*load, args.interval_ms) for shape, load in loads.items()}
-            references.append(engine_rate(engine, batches))
-            for shape, rate in round_rates.items():
-                rates[shape].append(round(rate, 1))
-                ratios[shape].append(rate / ((references[-2] + references[-1]) / 2))
+        result = interleaved(
+            loads,
+            lambda per_request, concurrency: served(per_request, concurrency, args.interval_ms),
+            lambda: engine_rate(engine, batches),
+            rounds,
+            first_reference,
+        )
     return {
-        "ratios": {shape: round(statistics.median(values), 3) for shape, values in ratios.items()},
-        "round_ratios": {shape: [round(v, 3) for v in values] for shape, values in ratios.items()},
-        "served_texts_per_s": rates,
-        "engine_texts_per_s": [round(rate, 1) for rate in references],
+        "ratios": result["ratios"],
+        "round_ratios": result["round_ratios"],
+        "served_texts_per_s": result["served"],
+        "engine_texts_per_s": result["references"],
         "engine_batch": args.engine_batch,
         "settings": str(settings.path.relative_to(ROOT)) if settings.path.is_relative_to(ROOT) else str(settings.path),
     }

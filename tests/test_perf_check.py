@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from bench.perf_check import BASELINE, OTHER_MACHINE_MARGIN, compare, margin_for
+from bench.perf_check import BASELINE, OTHER_MACHINE_MARGIN, compare, interleaved, margin_for
 
 BASE = {"ratios": {"1x32": 1.3, "8x8": 1.4}}
 
@@ -46,3 +46,11 @@ def test_a_gpu_is_held_to_its_own_baseline():
     assert "encoder.instances=1" in caught["command"]
     failures = compare(caught, h200, 0.2, "the engine alone")
     assert len(failures) == 2 and "x the engine alone, baseline" in failures[0], "one instance instead of 8 is caught"
+
+
+def test_each_round_is_held_to_the_references_timed_around_it():
+    references = iter([200.0, 200.0])  # after round 1 and after round 2 (the first is passed in)
+    served = iter([150.0, 400.0])
+    result = interleaved({"1x1": (1, 1)}, lambda *_: next(served), lambda: next(references), 2, 100.0)
+    assert result["round_ratios"] == {"1x1": [1.0, 2.0]}  # 150 / mean(100, 200), 400 / mean(200, 200)
+    assert result["ratios"] == {"1x1": 1.5} and result["references"] == [100.0, 200.0, 200.0]
