@@ -141,7 +141,7 @@ def _answer(data, status: int = 200, headers: dict | None = None) -> web.Respons
 async def embeddings(request: web.Request) -> web.Response:
     api: Api = request.app[API]
     parsed = openai_request(await _json(request), api.name, api.limits)
-    vectors, tokens = await api.embed(parsed.encoded, parsed.dimensions, parsed.normalize)
+    vectors, tokens = await api.embed(parsed.encoded, parsed.dimensions, normalize=True)  # as OpenAI's are
     return _answer(openai_response(vectors, tokens, parsed.encoding_format, api.name))
 
 

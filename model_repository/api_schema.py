@@ -44,7 +44,6 @@ class EmbeddingsRequest:
     encoded: list[bytes]  # each text's UTF-8
     encoding_format: str
     dimensions: int | None
-    normalize: bool
 
 
 def _texts(value, param: str, limits: Limits) -> list[bytes]:
@@ -77,6 +76,12 @@ def _object(body) -> dict:
     return body
 
 
+def _known_fields(body: dict, allowed: set[str]) -> None:
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise ApiError(400, f"unknown fields: {', '.join(unknown)}", unknown[0])
+
+
 def dimensions(value, limits: Limits) -> int | None:
     if value is None:
         return None
@@ -87,9 +92,7 @@ def dimensions(value, limits: Limits) -> int | None:
 
 def openai_request(body, model_name: str, limits: Limits) -> EmbeddingsRequest:
     body = _object(body)
-    unknown = set(body) - {"model", "input", "encoding_format", "dimensions", "user"}
-    if unknown:
-        raise ApiError(400, f"unknown fields: {', '.join(sorted(unknown))}", sorted(unknown)[0])
+    _known_fields(body, {"model", "input", "encoding_format", "dimensions", "user"})
     if "input" not in body:
         raise ApiError(400, "'input' is required", "input")
     model = body.get("model")
@@ -103,16 +106,14 @@ def openai_request(body, model_name: str, limits: Limits) -> EmbeddingsRequest:
     if body.get("user") is not None and not isinstance(body["user"], str):
         raise ApiError(400, "'user' must be a string", "user")
     return EmbeddingsRequest(
-        _texts(body["input"], "input", limits), encoding, dimensions(body.get("dimensions"), limits), True
+        _texts(body["input"], "input", limits), encoding, dimensions(body.get("dimensions"), limits)
     )
 
 
 def tei_request(body, limits: Limits, fields: frozenset[str]) -> tuple[list[bytes], dict]:
     """TEI's {"inputs": ..., ...}: the texts and the other fields (only those in `fields` are accepted)."""
     body = _object(body)
-    unknown = set(body) - {"inputs"} - fields
-    if unknown:
-        raise ApiError(400, f"unknown fields: {', '.join(sorted(unknown))}", sorted(unknown)[0])
+    _known_fields(body, {"inputs", *fields})
     if "inputs" not in body:
         raise ApiError(400, "'inputs' is required", "inputs")
     for flag in ("normalize", "truncate", "raw_scores", "add_special_tokens"):
