@@ -12,8 +12,7 @@ from model_repository import api_front
 from model_repository import front as http_front
 from model_repository.front_workers import FrontWorkers
 from model_repository.metrics_proxy import MetricsProxy
-from model_repository.process_control import port_problem
-from model_repository.triton_install import ServerError
+from model_repository.process_control import require_free_port
 
 if TYPE_CHECKING:
     from model_repository.server import TritonServer
@@ -22,9 +21,7 @@ if TYPE_CHECKING:
 def start_front(server: TritonServer, settings: Settings) -> None:
     """The HTTP front on server.http_port, once every port is known to be free: a second `make serve` names
     the busy one and leaves nothing behind."""
-    problem = port_problem(server.host, server.ports.http, "server.http_port")
-    if problem:
-        raise ServerError(problem)
+    require_free_port(server.host, server.ports.http, "server.http_port")
     server.check_ports()
     front = settings.front
     arguments = http_front.command(server.host, server.ports.http, server.ports.triton_http, front.max_body_bytes)
@@ -35,9 +32,7 @@ def start_front(server: TritonServer, settings: Settings) -> None:
 def start_api(server: TritonServer, settings: Settings) -> None:
     """The API front's workers on ports.api, calling this server's gRPC; its /health asks the launcher's /ready."""
     ports = server.ports
-    problem = port_problem(server.host, ports.api, "api.port")
-    if problem:
-        raise ServerError(problem)
+    require_free_port(server.host, ports.api, "api.port")
     arguments = api_front.command(
         settings.path,
         server.repository,

@@ -11,8 +11,7 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
 
-from model_repository.process_control import port_problem
-from model_repository.triton_install import ServerError
+from model_repository.process_control import require_free_port
 
 if TYPE_CHECKING:
     from model_repository.server import TritonServer
@@ -26,9 +25,7 @@ class HealthEndpoint(ThreadingHTTPServer):
 
     def __init__(self, server: TritonServer) -> None:
         self.triton = server
-        problem = port_problem(server.host, server.ports.health, "server.health_port")
-        if problem:
-            raise ServerError(problem)
+        require_free_port(server.host, server.ports.health, "server.health_port")
         super().__init__((server.host, server.ports.health), _HealthHandler)
 
 

@@ -15,8 +15,7 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from model_repository.gpu_metrics import TRITON_GPU_FAMILIES, NvmlGpus, format_readings
-from model_repository.process_control import port_problem
-from model_repository.triton_install import ServerError
+from model_repository.process_control import require_free_port
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _SAMPLE_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
@@ -49,9 +48,7 @@ class MetricsProxy(ThreadingHTTPServer):
         gpus: NvmlGpus | None = None,
         setting: str = "server.metrics_port",
     ) -> None:
-        problem = port_problem(host, port, setting)
-        if problem:
-            raise ServerError(problem)
+        require_free_port(host, port, setting)
         self.upstream = f"http://{upstream[0]}:{upstream[1]}/metrics"
         self.gpus = gpus if gpus is not None else NvmlGpus()
         super().__init__((host, port), _MetricsHandler)

@@ -6,6 +6,8 @@ import ctypes
 import signal
 import socket
 
+from model_repository.triton_install import ServerError
+
 
 def die_with_parent() -> None:
     """In a forked child: Linux sends it SIGKILL when the launcher dies, so no orphan keeps the ports
@@ -13,16 +15,15 @@ def die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
-def port_problem(host: str, port: int, setting: str) -> str | None:
-    """Why port cannot be served on host (something listens there), naming its setting; None when it is free."""
+def require_free_port(host: str, port: int, setting: str) -> None:
+    """ServerError, naming the port's setting, when something listens on host:port."""
     with socket.socket() as probe:
         # As a server binds: connections of a previous server in TIME_WAIT do not count, a listener does.
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError as exc:
-            return (
+            raise ServerError(
                 f"port {port} on {host} ({setting}) is in use ({exc.strerror}): "
                 "is another server running? Stop it, or choose other ports in the settings"
-            )
-    return None
+            ) from None

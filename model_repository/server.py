@@ -35,7 +35,7 @@ from common.settings import Settings, SettingsError, load_settings
 from model_repository.front_workers import FrontWorkers
 from model_repository.fronts import start_api, start_front, start_metrics
 from model_repository.health import HealthEndpoint
-from model_repository.process_control import die_with_parent, port_problem
+from model_repository.process_control import die_with_parent, require_free_port
 from model_repository.supervision import Restarts, supervise
 from model_repository.triton_command import Ports, free_ports, server_command
 from model_repository.triton_install import (
@@ -149,9 +149,7 @@ class TritonServer:
             (metrics_host, metrics_port, metrics_setting),
         ]
         for host, port, setting in checks:
-            problem = port_problem(host, port, setting)
-            if problem:
-                raise ServerError(problem)
+            require_free_port(host, port, setting)
 
     def start(self, timeout_s: float = 180.0) -> TritonServer:
         self.started = False
