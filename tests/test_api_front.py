@@ -6,11 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
-import os
 import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -22,6 +18,7 @@ from client import TextClient
 from common.settings import DEFAULT_SETTINGS
 from common.tokenizer_config import load_tokenizer
 from model_repository.api_front import API_KEY_ENV, command
+from model_repository.front_workers import FrontWorkers
 from model_repository.triton_command import free_ports
 from tests.conftest import start_server
 
@@ -36,30 +33,22 @@ SENTENCES = [
 
 
 class Front:
-    """One API front worker on a free port, in front of `grpc_url`."""
+    """One API front worker on a free port, in front of `server_urls` (gRPC, readiness, metrics), run as the
+    launcher runs its workers (FrontWorkers); it inherits this process's environment."""
 
-    def __init__(self, repository: Path, server_urls: tuple[str, str, str], *overrides: str, env: dict | None = None):
+    def __init__(self, repository: Path, server_urls: tuple[str, str, str], *overrides: str):
         (self.port,) = free_ports(1)
         grpc_url, ready_url, metrics_url = server_urls
         arguments = command(DEFAULT_SETTINGS, repository, "127.0.0.1", self.port, grpc_url, ready_url, metrics_url)
         arguments += [item for override in overrides for item in ("--set", override)]
-        self.process = subprocess.Popen([sys.executable, *arguments], env={**os.environ, **(env or {})})
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 1).close()
-                break
-            except OSError:
-                assert self.process.poll() is None and time.monotonic() < deadline, "the API front did not start"
-                time.sleep(0.1)
+        self.workers = FrontWorkers("API front", arguments, 1, "127.0.0.1", self.port).start(timeout_s=60)
         self.url = f"http://127.0.0.1:{self.port}"
 
     def post(self, path: str, body, **kwargs) -> httpx.Response:
         return httpx.post(self.url + path, json=body, timeout=60, **kwargs)
 
     def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=30)
+        self.workers.stop()
 
 
 def urls(server) -> tuple[str, str, str]:
@@ -237,8 +226,9 @@ def test_body_over_the_limit_is_refused_before_it_is_read(front):
     assert head.startswith(b"HTTP/1.1 413") and b"max_body_bytes" in head, head[:300]
 
 
-def test_api_key_is_required_when_configured(server, repository, settings):
-    keyed = Front(repository, urls(server), env={API_KEY_ENV: "s3cret"})
+def test_api_key_is_required_when_configured(server, repository, settings, monkeypatch):
+    monkeypatch.setenv(API_KEY_ENV, "s3cret")
+    keyed = Front(repository, urls(server))
     try:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic s3cret"}):
             answer = keyed.post("/v1/embeddings", {"input": "a"}, headers=headers)
