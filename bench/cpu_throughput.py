@@ -22,13 +22,12 @@ import torch
 from tritonclient.grpc import service_pb2
 
 from bench.e2e_bench import parse_shapes
-from client.core import GRPC_CHANNEL_ARGS, MODEL_INFER, model_infer_request
-from common.settings import load_settings
 from export.checkpoint import resolve_source
 from loadtest.corpus import load_text
 from model_repository.generate import generate
-from model_repository.server import TritonServer
-from model_repository.triton_command import Ports
+from protocol.kserve_grpc import GRPC_CHANNEL_ARGS, MODEL_INFER, model_infer_request
+from serving.launcher.harness import local_server
+from settings import load_settings
 
 
 def cpu_name() -> str:
@@ -100,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     bench_dir = settings.build_dir / "bench"
     # Its own repository, generated from these settings and overrides (not whatever `make repo` left).
-    repository = generate(settings, settings.export_dir, bench_dir / "model_repository")
-    with TritonServer(settings, repository, Ports.free(), "127.0.0.1", work_dir=bench_dir) as server:
+    repository = generate(settings, settings.export_dir, bench_dir / "repository")
+    with local_server(settings, repository, bench_dir) as server:
         for per_request, concurrency in parse_shapes(args.shapes):
             rate, client_us = asyncio.run(ensemble_rate(server.grpc_url, texts, per_request, concurrency))
             runs.append(

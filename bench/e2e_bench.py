@@ -31,13 +31,12 @@ import tritonclient.grpc as grpcclient
 from bench import process_cpu
 from bench.gpu_sampler import GpuSampler
 from common.contract import TEXT_INPUT
-from common.settings import Settings, load_settings
 from loadtest.corpus import load_text
 from loadtest.triton_stats import model_stats, stage_breakdown
 from model_repository.generate import generate
-from model_repository.server import TritonServer
-from model_repository.triton_command import Ports
-from model_repository.watchdog import stub_processes
+from serving.launcher.harness import local_server
+from serving.launcher.procfs import stub_processes
+from settings import Settings, load_settings
 
 
 def perf_analyzer_input(texts: list[str], path: Path) -> None:
@@ -112,8 +111,8 @@ def served(settings: Settings, url: str | None, work: Path):
             raise SystemExit(f"--url: found {len(pids)} tritonserver processes here; CPU figures need exactly one")
         yield url, pids[0]
         return
-    repository = generate(settings, settings.export_dir, work / "model_repository")
-    with TritonServer(settings, repository, Ports.free(), "127.0.0.1", work_dir=work) as server:
+    repository = generate(settings, settings.export_dir, work / "repository")
+    with local_server(settings, repository, work) as server:
         yield server.grpc_url, server.process.pid
 
 

@@ -1,4 +1,4 @@
-"""Engine-only benchmark of engine_torch_gpu on BERT-base against transformers fp16 (SDPA, padded batches).
+"""Engine-only benchmark of torch_engine on BERT-base against transformers fp16 (SDPA, padded batches).
 
     python -m bench.engine_bench --out DIR [--variants] [--device cuda:0]
 
@@ -45,8 +45,9 @@ from bench.engine_workload import (
     time_calls,
     write_bert_base,
 )
-from model_repository.stages.engine import load_engine, pack_sequences
-from model_repository.stages.torch_gpu_layout import layout_size, pack, token_bucket, views
+from model_repository.stages.engines import load_engine
+from model_repository.stages.engines.base import pack_sequences
+from model_repository.stages.engines.torch_layout import layout_size, pack, token_bucket, views
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -109,7 +110,7 @@ KERNEL_GROUPS = (
 
 def diagnose(model_dir, device, base_opts, batch, reps: int = 10) -> dict:
     """Where one large-batch call spends its time: host phases of the eager path, GPU span, graph replay alone."""
-    eng = load_engine("torch_gpu", model_dir, device, {**base_opts, "max_graph_tokens": 65536})
+    eng = load_engine("torch", model_dir, device, {**base_opts, "max_graph_tokens": 65536})
     n = len(batch)
     acc: dict[str, float] = {}
     for rep in range(reps + 2):
@@ -166,7 +167,7 @@ def profile_engine(model_dir, device, base_opts, batch, out_dir: Path) -> dict:
     """Kernel time by kind for one batch, eager (no graphs) so that each kernel shows."""
     from torch.profiler import ProfilerActivity, profile
 
-    eng = load_engine("torch_gpu", model_dir, device, {**base_opts, "cuda_graphs": False})
+    eng = load_engine("torch", model_dir, device, {**base_opts, "cuda_graphs": False})
     for _ in range(3):
         eng.forward(batch)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -204,7 +205,7 @@ def run_variants(model_dir, device, base_opts, results, save, budget_end) -> Non
         print(f"[variant] {name} ...", flush=True)
         try:
             t0 = time.time()
-            eng = load_engine("torch_gpu", model_dir, device, {**base_opts, **opts})
+            eng = load_engine("torch", model_dir, device, {**base_opts, **opts})
             row["resolved"] = {"attention": eng.attention, "kernels": eng.kernels, "gelu": eng.gelu}
             out = eng.forward(ref_batch)
             row["first_call_s"] = time.time() - t0
@@ -302,7 +303,7 @@ def main() -> int:
     # --- engine -------------------------------------------------------------------------------------------
     torch.cuda.reset_peak_memory_stats(device)
     t0 = time.time()
-    engine = load_engine("torch_gpu", model_dir, args.device, base_opts)
+    engine = load_engine("torch", model_dir, args.device, base_opts)
     results["engine_load_s"] = time.time() - t0
     results["engine_resolved"] = {"attention": engine.attention, "kernels": engine.kernels, "gelu": engine.gelu}
     print(f"engine: {results['engine_resolved']} loaded in {results['engine_load_s']:.1f}s", flush=True)

@@ -1,4 +1,4 @@
-"""python -m bench.front_cost: what the HTTP front (model_repository/front.py) costs per request.
+"""python -m bench.front_cost: what the HTTP front (serving/http_front/proxy.py) costs per request.
 
 Starts the real launcher (front + tritonserver) on free ports and sends the same HTTP requests, in rounds
 that alternate between the front (server.http_port) and tritonserver's own HTTP behind it
@@ -21,11 +21,11 @@ import aiohttp
 
 from bench.record import header, write
 from common.contract import TEXT_INPUT
-from common.settings import load_settings
 from loadtest.corpus import load_text
-from loadtest.reliability import Launcher
-from model_repository.triton_command import Ports
-from model_repository.watchdog import child_processes, process_cpu_s
+from serving.launcher.harness import Launcher
+from serving.launcher.procfs import child_processes, process_cpu_s
+from serving.launcher.triton_command import Ports
+from settings import load_settings
 
 
 async def closed_loop(url: str, body: bytes | None, concurrency: int, duration_s: float) -> list[float]:
@@ -64,7 +64,7 @@ def summary(latencies: list[float], seconds: float, front_cpu_s: float | None) -
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.front_cost", description=__doc__)
-    parser.add_argument("--settings", help="settings file (default: model_repository/settings.toml)")
+    parser.add_argument("--settings", help="settings file (default: settings/defaults.toml)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--duration-s", type=float, default=5.0, help="per route, shape and round")
     parser.add_argument("--rounds", type=int, default=3)
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {}
     try:
         children = child_processes(launcher.process.pid)
-        front_pids = [pid for pid, _, argv in children if b"model_repository.front" in argv]
+        front_pids = [pid for pid, _, argv in children if b"serving.http_front" in argv]
         for request, (path, payload) in requests.items():
             for concurrency in args.concurrency:
                 asyncio.run(closed_loop(f"http://127.0.0.1:{ports.http}{path}", payload, concurrency, 1.0))  # warm-up

@@ -1,8 +1,8 @@
 """python -m bench.gpu_metrics_check: under load, are the GPU metrics on the metrics port real (non-zero)?
 
 Triton's own nv_gpu_utilization needs DCGM, which the wheel's tritonserver lacks; the launcher serves the metrics
-port itself with NVML's readings in their place (model_repository/metrics_proxy.py). This starts the real
-launcher (python -m model_repository.server) on free ports from --settings and the export of those settings,
+port itself with NVML's readings in their place (serving/launcher/metrics_port.py). This starts the real
+launcher (python -m serving.launcher) on free ports from --settings and the export of those settings,
 or uses a running server (--url and --metrics-url), sends closed-loop gRPC requests of corpus texts from
 --users threads for --duration-s while scraping the metrics port every --interval-s, and records per GPU the
 nv_gpu_utilization samples, memory, power and SM clock it read there. Writes --out (JSON) and the last scrape
@@ -23,8 +23,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from client import TextClient
-from common.settings import load_settings
 from loadtest.corpus import load_text
+from settings import load_settings
 
 WATCHED = (
     "nv_gpu_utilization",
@@ -126,12 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.url:
         result = measure(args.url, args.metrics_url, args)
     else:
-        from loadtest.reliability import Launcher
         from model_repository.generate import generate
-        from model_repository.triton_command import Ports
+        from serving.launcher.harness import Launcher
+        from serving.launcher.triton_command import Ports
 
         work = Path(tempfile.mkdtemp(prefix="gpu_metrics_check_"))
-        repository = generate(settings, settings.export_dir, work / "model_repository")
+        repository = generate(settings, settings.export_dir, work / "repository")
         ports = Ports.free()
         launcher = Launcher(settings.path, repository, ports, work / "launcher.log").start()
         try:

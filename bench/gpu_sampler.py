@@ -1,7 +1,7 @@
 """GPU utilization, memory, power and SM clock sampled through NVML while a benchmark runs.
 
 Triton's own nv_gpu_utilization needs DCGM, which the wheel's tritonserver lacks (it reads 0); NVML answers
-directly. The readings are the metrics port's own (model_repository/gpu_metrics.py). Without nvidia-ml-py or
+directly. The readings are the metrics port's own (serving/launcher/gpu_metrics.py). Without nvidia-ml-py or
 a GPU the sampler records nothing and says why.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 
-from model_repository.gpu_metrics import GpuReading, NvmlGpus
+from serving.launcher.gpu_metrics import GpuReading, NvmlGpus
 
 
 class GpuSampler:

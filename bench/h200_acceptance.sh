@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # One device call on the H200 for the acceptance bar (issue 5): one tritonserver with the GPU ensemble
-# (model_repository/variants/bert-base-h200.toml), then against that same server
+# (settings/variants/bert-base-h200.toml), then against that same server
 #   1. perf_analyzer, closed loop, concurrency 200 (python -m bench.e2e_bench --url ...), and
 #   2. Locust, closed loop, 200 users (python -m loadtest ...), once per LOCUST_PROCESSES entry,
 # each recording its own CPU cost. Run from the repo root with .kit carried; everything lands in $OUT.
 OUT=${OUT:-/tmp/h200_acceptance}
 # shellcheck source=bench/device_preamble.sh
 source bench/device_preamble.sh
-SETTINGS=${SETTINGS:-model_repository/variants/bert-base-h200.toml}
+SETTINGS=${SETTINGS:-settings/variants/bert-base-h200.toml}
 USERS=${USERS:-200}
 DURATION=${DURATION:-60s}
 LOCUST_PROCESSES=${LOCUST_PROCESSES:-4 8}
@@ -18,7 +18,7 @@ fi
 # shellcheck source=bench/device_env.sh
 source bench/device_env.sh
 python3 -m model_repository.generate --settings "$SETTINGS"
-python3 -m model_repository.server --settings "$SETTINGS" > "$OUT/server.out" 2>&1 &
+python3 -m serving.launcher --settings "$SETTINGS" > "$OUT/server.out" 2>&1 &
 SERVER_PID=$!
 trap 'kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true' EXIT
 ready() { python3 -c 'import urllib.request as u; u.urlopen("http://127.0.0.1:8000/v2/models/ensemble/ready", timeout=2)' 2>/dev/null; }

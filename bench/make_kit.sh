@@ -57,7 +57,7 @@ BINARY_WHEELS=(
     charset-normalizer==3.5.3
     # Where a stub's time goes under load (bench/e2e_bench.py --profile).
     py-spy==0.4.3
-    # The API front's JSON (model_repository/api_front.py); aiohttp comes from the image.
+    # The API front's JSON (serving/api/app.py); aiohttp comes from the image.
     orjson==3.13.0
 )
 # Pure-python wheels.

@@ -4,10 +4,10 @@ What it measures is a ratio taken in one run on one machine, so that the machine
 CPU (the default): the served default model (the real tritonserver, the lean gRPC client of
 bench/cpu_throughput.py) against sentence-transformers encode() on the same texts, sentence-transformers
 timed before and after the server and averaged. With --gpu (on a GPU machine, settings with encoder.gpus;
-default model_repository/variants/bert-base-h200.toml): the served path (perf_analyzer over gRPC, one text
+default settings/variants/bert-base-h200.toml): the served path (perf_analyzer over gRPC, one text
 per request) against the engine alone on the same GPU (packed ids in, embeddings out, batch --engine-batch),
 the engine timed before and after the server's rounds. Each load shape's ratio is compared with the baseline
-recorded for this kind of machine in bench/results/perf-baseline/ (cpu.json, gpu-<GPU name>.json); the check
+recorded for this kind of machine in docs/results/perf-baseline/ (cpu.json, gpu-<GPU name>.json); the check
 fails when a ratio is more than --margin (20 %) below its baseline, printing both. `--update` measures and
 writes the baseline instead (do it on a quiet machine of the kind CI runs on, after a change that is meant
 to move the numbers, and commit it).
@@ -15,7 +15,7 @@ to move the numbers, and commit it).
 Why 20 %: each round's ratio scatters by up to +-20 % on a shared 2-core machine, so the check takes the
 median of 7 rounds; three such runs one after the other gave medians within 2 % (1x32) and 8 % (8x8) of each
 other (the baseline file holds all three). A regression worth stopping is larger (ORT on one thread instead
-of two: 1.31x -> 0.82x, caught; bench/results/perf-baseline/), and 20 % stays clear of the spread. On a CPU
+of two: 1.31x -> 0.82x, caught; docs/results/perf-baseline/), and 20 % stays clear of the spread. On a CPU
 other than the baseline's the margin is 40 % (margin_for): the ratio itself depends on the CPU. On a GPU the
 rounds run on one server: their spread is in the baseline file beside the median.
 """
@@ -34,15 +34,14 @@ from pathlib import Path
 import numpy as np
 
 from bench.e2e_bench import parse_shapes
-from common.settings import ROOT, load_settings
 from loadtest.corpus import load_text
 from model_repository.generate import generate
-from model_repository.server import TritonServer
-from model_repository.triton_command import Ports
+from serving.launcher.harness import local_server
+from settings import ROOT, load_settings
 
-BASELINES = ROOT / "bench" / "results" / "perf-baseline"
+BASELINES = ROOT / "docs" / "results" / "perf-baseline"
 BASELINE = BASELINES / "cpu.json"
-GPU_SETTINGS = ROOT / "model_repository" / "variants" / "bert-base-h200.toml"
+GPU_SETTINGS = ROOT / "settings" / "variants" / "bert-base-h200.toml"
 OTHER_MACHINE_MARGIN = 0.4
 
 
@@ -75,9 +74,9 @@ def measure(settings_path: str | None, overrides: list[str], texts: list[str], s
     settings = load_settings(settings_path, overrides)
     model = sentence_transformer(settings.model.source, texts, 32)
     work_dir = settings.build_dir / "perf_check"
-    repository = generate(settings, settings.export_dir, work_dir / "model_repository")
+    repository = generate(settings, settings.export_dir, work_dir / "repository")
     loads = dict(zip(shapes, parse_shapes(",".join(shapes)), strict=True))  # "1x32" -> (1, 32)
-    with TritonServer(settings, repository, Ports.free(), "127.0.0.1", work_dir=work_dir) as server:
+    with local_server(settings, repository, work_dir) as server:
 
         def served(per_request: int, concurrency: int) -> float:
             return asyncio.run(ensemble_rate(server.grpc_url, texts, per_request, concurrency))[0]
@@ -99,8 +98,8 @@ def measure(settings_path: str | None, overrides: list[str], texts: list[str], s
 
 def engine_batches(settings, texts: list[str], batch: int):
     """The settings' engine on encoder.gpus[0], and the texts tokenized once into batches of packed ids."""
-    from common.tokenizer_config import load_tokenizer
-    from model_repository.stages.engine import load_engine
+    from common.hf_tokenizer import load_tokenizer
+    from model_repository.stages.engines import load_engine
 
     export = settings.export_dir
     tokenizer = load_tokenizer(export / "tokenizer.json", settings.model.max_tokens)
@@ -127,13 +126,13 @@ def measure_gpu(settings_path, overrides: list[str], texts: list[str], shapes: l
     if not settings.encoder.gpus:
         raise SystemExit("--gpu needs settings whose encoder runs on GPUs (encoder.gpus)")
     work_dir = settings.build_dir / "perf_check_gpu"
-    repository = generate(settings, settings.export_dir, work_dir / "model_repository")
+    repository = generate(settings, settings.export_dir, work_dir / "repository")
     data = work_dir / "texts.json"
     perf_analyzer_input(texts, data)
     loads = dict(zip(shapes, parse_shapes(",".join(shapes)), strict=True))
     engine, batches = engine_batches(settings, texts, args.engine_batch)  # kept: loading it again costs a capture
     first_reference = engine_rate(engine, batches)
-    with TritonServer(settings, repository, Ports.free(), "127.0.0.1", work_dir=work_dir) as server:
+    with local_server(settings, repository, work_dir) as server:
 
         def served(per_request: int, concurrency: int, interval_ms: int) -> float:
             csv_path = work_dir / "perf_analyzer.csv"
@@ -196,7 +195,7 @@ def compare(measured: dict, baseline: dict, margin: float, reference: str = "sen
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.perf_check", description=__doc__)
-    parser.add_argument("--settings", help="settings file (default: model_repository/settings.toml)")
+    parser.add_argument("--settings", help="settings file (default: settings/defaults.toml)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="settings override")
     parser.add_argument("--texts", type=int, help="texts per timed run (CPU 256, GPU 1024)")
     parser.add_argument("--rounds", type=int, default=7)

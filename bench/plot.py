@@ -73,7 +73,7 @@ def plot_cpu_throughput(result: dict, path: Path) -> None:
 def plot_engine(result: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 5))
     series = {
-        "engine (torch_gpu)": result["engine"],
+        "engine (torch)": result["engine"],
         "transformers fp16, padded": result.get("baseline_transformers_fp16"),
     }
     for name, rows in series.items():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from model_repository.watchdog import TICKS_PER_S, process_cpu_s, stub_processes
+from serving.launcher.procfs import TICKS_PER_S, process_cpu_s, stub_processes
 
 
 def host_busy_s(proc: Path = Path("/proc")) -> float:

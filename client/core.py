@@ -21,26 +21,13 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcclient_aio
 import tritonclient.http as httpclient
 import tritonclient.http.aio as httpclient_aio
-from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
 from common.contract import TEXT_INPUT
+from protocol.kserve_grpc import GRPC_CHANNEL_ARGS, TRANSIENT_MESSAGES, encode_texts
 
 PROTOCOLS = ("grpc", "http")
 RETRYABLE_STATUSES = {"StatusCode.UNAVAILABLE", "503", "UNAVAILABLE"}
-# Answers that mean "not now" for a model that exists, so a retry will find it: a Python stage's stub died
-# (the request never ran, and the launcher's watchdog restarts the stub within seconds), and a server that
-# is shutting down has unloaded its models while its endpoints still answer.
-TRANSIENT_MESSAGES = ("is not healthy", "has no available versions")
-# gRPC reconnects with its own backoff (1 s, growing to 120 s by default): cap it so that a client sees a
-# restarted server within ~1 s. The rest are tritonclient's defaults, which channel_args replaces.
-GRPC_CHANNEL_ARGS = [
-    ("grpc.max_send_message_length", 2**31 - 1),
-    ("grpc.max_receive_message_length", 2**31 - 1),
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
 
 
 class ClientError(RuntimeError):
@@ -101,40 +88,6 @@ def is_retryable(exc: BaseException) -> bool:
     return isinstance(exc, (ConnectionError, TimeoutError, OSError))
 
 
-def model_infer_request(model: str, texts: Sequence[str]) -> bytes:
-    """A serialized KServe v2 gRPC ModelInferRequest carrying `texts`: what TextClient sends, as bytes that a
-    load generator can build once and send many times (loadtest/locustfile.py, bench/cpu_throughput.py)."""
-    return encoded_infer_request(model, encode_texts(texts))
-
-
-def encoded_infer_request(model: str, encoded: Sequence[bytes], outputs: Sequence[str] = ()) -> bytes:
-    """model_infer_request for texts already UTF-8, asking for `outputs` by name (none: all of them)."""
-    request = service_pb2.ModelInferRequest(model_name=model)
-    request.inputs.add(name=TEXT_INPUT, datatype="BYTES", shape=[len(encoded), 1])
-    request.raw_input_contents.append(b"".join(len(data).to_bytes(4, "little") + data for data in encoded))
-    for name in outputs:
-        request.outputs.add(name=name)
-    return request.SerializeToString()
-
-
-MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
-
-
-def encode_texts(texts: Sequence[str]) -> list[bytes]:
-    """UTF-8 of each text; ValueError naming the text that has none (a lone surrogate, say)."""
-    if isinstance(texts, str):
-        raise TypeError("pass a sequence of texts, not one str")
-    if not texts:
-        raise ValueError("no texts to send")
-    encoded = []
-    for index, text in enumerate(texts):
-        try:
-            encoded.append(text.encode("utf-8"))
-        except UnicodeEncodeError as exc:
-            raise ValueError(f"text[{index}] {text[:40]!r} is not valid Unicode ({exc.reason})") from None
-    return encoded
-
-
 def text_input(module, encoded: Sequence[bytes]):
     """The `text` input tensor of a request, from texts already UTF-8 (encode_texts)."""
     data = np.array(encoded, dtype=np.object_).reshape(-1, 1)
@@ -170,7 +123,7 @@ def output_names(metadata) -> list[str]:
 
 
 def default_url(protocol: str) -> str:
-    from common.settings import load_settings
+    from settings import load_settings
 
     server = load_settings().server
     return f"{server.host}:{server.grpc_port if protocol == 'grpc' else server.http_port}"

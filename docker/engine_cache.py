@@ -5,7 +5,7 @@
 Runs in the engine-builder image (standard library + tensorrt; PYTHONPATH holds the project's `export`
 package), as the Helm chart's init container or engine-build Job. The bundle (written by `python helm/bundle.py`) holds
 
-    model_repository/            generated for engine.kind = "tensorrt", without the plan
+    repository/                  generated for engine.kind = "tensorrt", without the plan
     engine/tensorrt_build.json   the build spec of `python -m export.tensorrt`, and the ONNX model it names
 
 A plan is built at most once per GPU product, TensorRT version and build key (ONNX digest, profiles,
@@ -13,7 +13,7 @@ precision, builder options), into CACHE/<product>/tensorrt-<version>/<build key>
 model.plan.json). Builds go to a private folder renamed into place when done, so pods sharing the cache
 never see half a plan; a lock file keeps two pods from building the same plan at once where the file
 system supports locks. With --out the bundle's repository is copied to OUT and the plan placed in its
-encoder, ready for `python3 -m model_repository.server --repository OUT`.
+encoder, ready for `python3 -m serving.launcher --repository OUT`.
 
 The product is the node label nvidia.com/gpu.product when given (--gpu-product or GPU_PRODUCT), else the
 GPU's name as nvidia-smi reports it with spaces turned into dashes, which is how GPU feature discovery
@@ -145,7 +145,7 @@ def assemble(repository: Path, plans: Path, out: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="engine_cache.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bundle", type=Path, required=True, help="folder with model_repository/ and engine/")
+    parser.add_argument("--bundle", type=Path, required=True, help="folder with repository/ and engine/")
     parser.add_argument("--cache", type=Path, required=True, help="plan cache shared by the pods (a PVC)")
     parser.add_argument("--out", type=Path, help="where to assemble the servable repository (omit: cache only)")
     parser.add_argument("--gpu-product", default=os.environ.get("GPU_PRODUCT", ""), help="nvidia.com/gpu.product")
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         product = args.gpu_product or gpu["gpu_name"]
         plans = ensure_plan(spec, args.bundle / "engine", args.cache, product, gpu, tensorrt.__version__, build)
         if args.out:
-            assemble(args.bundle / "model_repository", plans, args.out)
+            assemble(args.bundle / "repository", plans, args.out)
             print(f"[engine-cache] repository with the plan for {product_label(product)}: {args.out}", flush=True)
     except (EngineCacheError, ImportError, OSError, KeyError, ValueError) as exc:
         print(f"engine cache failed: {exc}", file=sys.stderr)

@@ -6,7 +6,7 @@
 #   docker build -f docker/server.Dockerfile -t bert-triton-server:0.1.0-ngc24.10 .
 #   docker build -f docker/server.Dockerfile --build-arg WITH_TORCH=1 -t bert-triton-server:0.1.0-ngc24.10-torch .
 #
-# WITH_TORCH=1 adds torch and safetensors for engine.kind = "torch_gpu" (several GiB); onnxruntime_cpu and
+# WITH_TORCH=1 adds torch and safetensors for engine.kind = "torch" (several GiB); onnxruntime_cpu and
 # tensorrt need neither. The model repository is not in the image: mount it (compose, a PVC) at /models.
 ARG TRITONSERVER_IMAGE=nvcr.io/nvidia/tritonserver:24.10-py3
 FROM ${TRITONSERVER_IMAGE}
@@ -58,7 +58,9 @@ RUN python3 -m pip install --no-cache-dir \
 
 WORKDIR /opt/bert-triton
 COPY common/ common/
-COPY model_repository/ model_repository/
+COPY settings/ settings/
+COPY protocol/ protocol/
+COPY serving/ serving/
 COPY export/__init__.py export/tensorrt_build.py export/
 COPY --chmod=0755 docker/healthcheck.py docker/tritonserver.sh docker/
 COPY docker/compat/tomllib.py /tmp/compat/
@@ -69,13 +71,13 @@ RUN if ! python3 -c "import tomllib" 2> /dev/null; then \
         && cp /tmp/compat/tomllib.py "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"; \
     fi \
     && rm -rf /tmp/compat \
-    && python3 -c "import model_repository.server" \
+    && python3 -c "import serving.launcher" \
     && groupadd --system --gid "${APP_UID}" bert \
     && useradd --system --uid "${APP_UID}" --gid "${APP_UID}" --home-dir /tmp --no-create-home \
         --shell /usr/sbin/nologin bert
 
 # TRITONSERVER_BIN + TRITON_BACKENDS_DIR make the launcher use the image's tritonserver and backends
-# (model_repository/triton_install.py prebuilt_triton). HOME=/tmp: caches (OpenAI Triton kernels for torch_gpu) go
+# (serving/launcher/triton_install.py prebuilt_triton). HOME=/tmp: caches (OpenAI Triton kernels for torch) go
 # to a writable emptyDir when the root filesystem is read-only.
 ENV PYTHONPATH=/opt/bert-triton \
     PYTHONDONTWRITEBYTECODE=1 \
@@ -90,10 +92,10 @@ ENV PYTHONPATH=/opt/bert-triton \
 USER ${APP_UID}:${APP_UID}
 EXPOSE 8000 8001 8002 8003
 
-# Loading models, warm-up and (torch_gpu) CUDA-graph capture take minutes: a long start period.
+# Loading models, warm-up and (torch) CUDA-graph capture take minutes: a long start period.
 HEALTHCHECK --start-period=600s --interval=30s --timeout=10s --retries=3 \
     CMD ["python3", "/opt/bert-triton/docker/healthcheck.py"]
 
 # nvidia_entrypoint.sh sets up CUDA forward compatibility on older data-center drivers, then execs the rest.
-ENTRYPOINT ["/opt/nvidia/nvidia_entrypoint.sh", "python3", "-m", "model_repository.server"]
-CMD ["--settings", "/opt/bert-triton/model_repository/settings.toml", "--repository", "/models", "--host", "0.0.0.0"]
+ENTRYPOINT ["/opt/nvidia/nvidia_entrypoint.sh", "python3", "-m", "serving.launcher"]
+CMD ["--settings", "/opt/bert-triton/settings/defaults.toml", "--repository", "/models", "--host", "0.0.0.0"]

@@ -1,5 +1,5 @@
 #!/bin/sh
-# The server image sets TRITONSERVER_BIN to this file. The launcher (python3 -m model_repository.server)
+# The server image sets TRITONSERVER_BIN to this file. The launcher (python3 -m serving.launcher)
 # execs it with its own flags; it execs the real tritonserver with those flags followed by
 # TRITONSERVER_EXTRA_ARGS (whitespace-separated; a flag given again there wins, Triton takes the last one).
 # The image's default turns on latency summaries (p50/p90/p99 per model) for the dashboard.

@@ -12,11 +12,11 @@ from pathlib import Path
 import torch
 
 from common.contract import ServingSpec
-from common.settings import SettingsError, load_settings
-from common.tokenizer_config import load_tokenizer
+from common.hf_tokenizer import load_tokenizer
 from export import sha256
 from export.checkpoint import CheckpointError, load_model, read_pooling, resolve_source, tokenizer_file
 from export.onnx_export import VALIDATION_SENTENCES, ServingModule, export_onnx, validate
+from settings import SettingsError, load_settings
 
 REPORT_FILE = "export_report.json"
 
@@ -78,7 +78,7 @@ def export(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m export", description=__doc__)
-    parser.add_argument("--settings", help="settings file (default: model_repository/settings.toml)")
+    parser.add_argument("--settings", help="settings file (default: settings/defaults.toml)")
     parser.add_argument("--source", help="override model.source: a folder, package:<name> or random-init:<preset>")
     parser.add_argument("--random-init", metavar="PRESET", help="shorthand for --source random-init:PRESET")
     parser.add_argument("--task", choices=("embedding", "classification"), help="override model.task")

@@ -24,9 +24,10 @@ import numpy as np
 import onnx
 
 from common.contract import ENGINE_INPUTS
-from common.profiles import profiles
-from common.settings import QUANTIZED, ROOT, Settings, SettingsError, load_settings
 from export import sha256
+from settings import ROOT, Settings, SettingsError, load_settings
+from settings.schema import QUANTIZED
+from settings.tensorrt_profiles import profiles
 
 VERSIONS_FILE = ROOT / "docker" / "versions.env"
 # The ONNX opsets TensorRT 10's parser accepts for every op below.
@@ -139,8 +140,8 @@ def export_reduced_precision(settings: Settings, export_dir: Path, precision: st
     from transformers import BertForSequenceClassification, BertModel
 
     from common.contract import ServingSpec
+    from common.hf_tokenizer import load_tokenizer
     from common.padding import pad_sequences
-    from common.tokenizer_config import load_tokenizer
     from export.checkpoint import Pooling
     from export.onnx_export import VALIDATION_SENTENCES, ServingModule, export_onnx
 

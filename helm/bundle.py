@@ -1,15 +1,15 @@
 """The bundle the Helm chart serves from a claim: `python helm/bundle.py --settings FILE --out DIR`.
 
     DIR/settings.toml       the settings file (the chart needs it too: --set-file settings.toml=DIR/settings.toml)
-    DIR/model_repository/   the Triton model repository generated from it (python -m model_repository.generate)
+    DIR/repository/         the Triton model repository generated from it (python -m model_repository.generate)
     DIR/engine/             engine.kind tensorrt only: the build spec and the ONNX model it names
 
 For engine.kind = "tensorrt" the repository holds no plan: the chart's engine build (docker/engine_cache.py
 in the builder image) makes it on the serving GPU type, caches it per GPU product and places it in
-model_repository/encoder/1/. A plan built elsewhere would be refused by the launcher on another GPU.
+repository/encoder/1/. A plan built elsewhere would be refused by the launcher on another GPU.
 
 Run `make export SETTINGS=FILE` first. Then copy DIR to the claim (modelRepository.source = pvc), or
-DIR/model_repository to the object store (modelRepository.source = objectStore; no engine build there).
+DIR/repository to the object store (modelRepository.source = objectStore; no engine build there).
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common.settings import ROOT, Settings, SettingsError, load_settings
-from model_repository.generate import ENGINE_FILES, generate
+from model_repository.configs import ENGINE_FILES
+from model_repository.generate import generate
+from settings import ROOT, Settings, SettingsError, load_settings
 
 ENGINE_DIR = "engine"
 SPEC_FILE = "tensorrt_build.json"  # what docker/engine_cache.py reads
@@ -69,14 +70,14 @@ def write_bundle(settings: Settings, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     if settings.engine.kind == "tensorrt":
         write_engine_inputs(settings, out)
-    write_repository(settings, settings.export_dir, out / "model_repository")
+    write_repository(settings, settings.export_dir, out / "repository")
     (out / "settings.toml").write_text(settings.as_toml())  # complete: the chart has no defaults of its own
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python helm/bundle.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--settings", help="settings file (default: model_repository/settings.toml)")
+    parser.add_argument("--settings", help="settings file (default: settings/defaults.toml)")
     parser.add_argument("--out", type=Path, default=Path("build/bundle"), help="bundle folder (default: build/bundle)")
     args = parser.parse_args(argv)
     try:

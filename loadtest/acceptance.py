@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from common.settings import LoadTestSettings
+from settings.schema import LoadTestSettings
 
 LOAD_MODELS = ("closed", "throughput", "ramp")
 _SPAN = re.compile(r"(\d+(?:\.\d+)?)\s*(h|m|s)")

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common.settings import load_settings
-from common.tokenizer_config import load_tokenizer
+from common.hf_tokenizer import load_tokenizer
+from settings import load_settings
 
 CORPUS = Path(__file__).with_name("corpus.txt")
 MODULES = (

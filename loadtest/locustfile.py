@@ -28,9 +28,7 @@ from locust import FastHttpUser, User, constant, constant_throughput, events, ta
 from locust.runners import WorkerRunner
 from tritonclient.grpc import service_pb2
 
-from client.core import MODEL_INFER, model_infer_request
 from common.contract import TEXT_INPUT
-from common.settings import load_settings
 from loadtest.acceptance import (
     Measured,
     Thresholds,
@@ -42,6 +40,8 @@ from loadtest.acceptance import (
     verdict_line,
 )
 from loadtest.corpus import load_text
+from protocol.kserve_grpc import MODEL_INFER, model_infer_request
+from settings import load_settings
 
 log = logging.getLogger("loadtest")
 TEXTS = load_text()

@@ -1,6 +1,6 @@
 """python -m loadtest.reliability: faults under load, every request counted.
 
-Starts the real launcher (`python -m model_repository.server`: tritonserver, stub watchdog, /ready, drain on
+Starts the real launcher (`python -m serving.launcher`: tritonserver, stub watchdog, /ready, drain on
 SIGTERM) on free ports and keeps a closed-loop load on it through client.TextClient (retries with backoff and
 jitter within a deadline), with a share of bad requests (a text over tokenizer.max_text_bytes), through phases:
 
@@ -41,11 +41,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from client.core import ClientError, RetryPolicy, TextClient
-from common.settings import load_settings
 from loadtest.corpus import load_text
-from model_repository.generate import python_models
-from model_repository.triton_command import Ports
-from model_repository.watchdog import child_processes, stub_processes
+from model_repository.configs import python_models
+from serving.launcher.harness import Launcher
+from serving.launcher.triton_command import Ports
+from settings import load_settings
 
 
 def error_kind(exc: BaseException) -> str:
@@ -62,75 +62,6 @@ def error_kind(exc: BaseException) -> str:
         if status in text:
             return kind
     return "other"
-
-
-def launcher_ready(health_port: int, timeout_s: float = 2.0) -> tuple[int, dict]:
-    """(HTTP status, body) of the launcher's /ready on 127.0.0.1:health_port; (0, {}) while nothing answers."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{health_port}/ready", timeout=timeout_s) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"{}")
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return 0, {}
-
-
-class Launcher:
-    """The real launcher as a child process, on given ports."""
-
-    def __init__(self, settings_path: Path, repository: Path, ports: Ports, log_path: Path) -> None:
-        self.settings_path, self.repository, self.ports, self.log_path = settings_path, repository, ports, log_path
-        self.process: subprocess.Popen | None = None
-
-    def start(self, timeout_s: float = 180.0) -> Launcher:
-        command = [sys.executable, "-m", "model_repository.server", "--settings", str(self.settings_path)]
-        command += ["--repository", str(self.repository), "--host", "127.0.0.1"]
-        for name in ("http", "grpc", "metrics", "health", "triton_http", "api"):
-            command += [f"--{name.replace('_', '-')}-port", str(getattr(self.ports, name))]
-        with self.log_path.open("ab") as log:
-            # A process group of its own, as a terminal's job gets: interrupt() is what Ctrl-C there sends.
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + timeout_s
-        while self.ready()[0] != 200:
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError(f"the launcher did not come up; see {self.log_path}")
-            time.sleep(0.1)
-        return self
-
-    def ready(self) -> tuple[int, dict]:
-        return launcher_ready(self.ports.health)
-
-    @property
-    def triton_pid(self) -> int:
-        (pid,) = [pid for pid, _, argv in child_processes(self.process.pid) if argv[0].endswith(b"tritonserver")]
-        return pid
-
-    def stub_pids(self, model: str) -> list[int]:
-        return stub_processes(self.triton_pid).get(model, [])
-
-    def expected_stubs(self, model: str) -> int:
-        """Stubs `model` runs: its instance groups' counts (per GPU listed), from Triton's model config."""
-        url = f"http://127.0.0.1:{self.ports.http}/v2/models/{model}/config"
-        with urllib.request.urlopen(url, timeout=5) as response:
-            groups = json.loads(response.read()).get("instance_group", [])
-        return sum(group.get("count", 1) * max(1, len(group.get("gpus", []))) for group in groups)
-
-    def terminate(self) -> None:
-        self.process.send_signal(signal.SIGTERM)
-
-    def interrupt(self) -> None:
-        """SIGINT to the launcher's whole process group, as Ctrl-C in its terminal does."""
-        os.killpg(self.process.pid, signal.SIGINT)
-
-    def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.ports.health}/metrics", timeout=5) as response:
-            return response.read().decode()
-
-    def kill(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
 
 
 # Content types tritonserver's HTTP reads an inference body with (none at all is what some clients send).
@@ -383,7 +314,7 @@ def print_table(result: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest.reliability", description=__doc__)
-    parser.add_argument("--settings", type=Path, default=Path("model_repository/settings.toml"))
+    parser.add_argument("--settings", type=Path, default=Path("settings/defaults.toml"))
     parser.add_argument("--repository", type=Path, help="generated model repository (default: from the settings)")
     parser.add_argument("--users", type=int, default=8)
     parser.add_argument("--phase-seconds", type=float, default=10.0)

@@ -30,9 +30,9 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from common.settings import ROOT, SettingsError, load_settings
 from loadtest import report, triton_stats
 from loadtest.acceptance import LOAD_MODELS, Thresholds, format_mix, parse_duration, parse_mix
+from settings import ROOT, SettingsError, load_settings
 
 HERE = Path(__file__).resolve().parent
 LOCUSTFILE = HERE / "locustfile.py"

@@ -13,7 +13,7 @@ import re
 import urllib.request
 
 STAGE_FIELDS = ("queue", "compute_input", "compute_infer", "compute_output")
-STAGE_ORDER = ("tokenizer", "encoder", "postprocess", "text_encoder", "ensemble")
+STAGE_ORDER = ("tokenizer", "encoder", "postprocess", "ensemble")
 # Counters (not gauges) of the metrics endpoint whose change over a run means something per model.
 METRIC_COUNTERS = (
     "nv_inference_request_success",

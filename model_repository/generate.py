@@ -1,7 +1,8 @@
 """python -m model_repository.generate: settings + exported model -> a complete Triton model repository.
 
-Every config.pbtxt is built as Triton's own ModelConfig protobuf from the settings file and written in
-protobuf text format; stage code and model files are copied in so the repository is self-contained.
+Each model gets its config.pbtxt (configs.py) in protobuf text format with a header naming the settings, and
+version 1 with its files; a Python model also gets the stage packages and a one-line model.py, so the
+repository is self-contained (Triton loads it without this project installed).
 """
 
 from __future__ import annotations
@@ -17,20 +18,22 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 import common
-from common.contract import ENGINE_INPUTS, OPTION_PREFIX, SERVING_FILE, TEXT_INPUT, TOKENS_OUTPUT, ServingSpec
-from common.profiles import graph_batches, profiles
-from common.settings import ROOT, EncoderSettings, Settings, SettingsError, StageSettings, load_settings
-from common.tokenizer_config import load_tokenizer
+from common.contract import ENGINE_INPUTS, SERVING_FILE, TEXT_INPUT, ServingSpec
+from common.hf_tokenizer import load_tokenizer
+from model_repository.configs import (
+    ENGINE_FILES,
+    WARMUP_TEXT,
+    encoder_config,
+    ensemble_config,
+    one_stage_config,
+    postprocess_config,
+    tensorrt_encoder_config,
+    tokenizer_config,
+)
+from settings import ROOT, Settings, SettingsError, load_settings
 
 STAGES_DIR = Path(__file__).resolve().parent / "stages"
 COMMON_DIR = Path(common.__file__).resolve().parent
-WARMUP_TEXT = "Warm-up request: the first real request should not pay for lazy initialization."
-# Files each engine kind needs from the export folder, beside serving.json.
-ENGINE_FILES = {
-    "onnxruntime_cpu": ("model.onnx",),
-    "torch_gpu": ("config.json", "model.safetensors"),
-    "tensorrt": ("model.plan", "model.plan.json"),
-}
 
 
 def header(settings: Settings) -> str:
@@ -40,256 +43,6 @@ def header(settings: Settings) -> str:
         f"{source} (settings digest {settings.digest()}).\n"
         "# Do not edit: change the settings file and regenerate.\n"
     )
-
-
-def _tensor(cls, name: str, data_type: int, dims: list[int], **extra):
-    return cls(name=name, data_type=data_type, dims=dims, **extra)
-
-
-def _batching(stage: StageSettings, preferred: list[int] | None = None) -> mc.ModelDynamicBatching:
-    batching = mc.ModelDynamicBatching(
-        preferred_batch_size=preferred or list(stage.preferred_batch_sizes),
-        max_queue_delay_microseconds=stage.max_queue_delay_us,
-    )
-    if stage.max_queue_size or stage.queue_timeout_us:
-        # A bounded queue fails fast under overload instead of letting latency grow without limit.
-        batching.default_queue_policy.CopyFrom(
-            mc.ModelQueuePolicy(
-                timeout_action=mc.ModelQueuePolicy.REJECT,
-                default_timeout_microseconds=stage.queue_timeout_us,
-                allow_timeout_override=True,
-                max_queue_size=stage.max_queue_size,
-            )
-        )
-    return batching
-
-
-def _instances(stage: StageSettings) -> list[mc.ModelInstanceGroup]:
-    if isinstance(stage, EncoderSettings) and stage.gpus:  # only the encoder runs on GPUs
-        return [
-            mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_GPU, count=stage.instances, gpus=list(stage.gpus))
-        ]
-    return [mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_CPU, count=stage.instances)]
-
-
-def _parameters(values: dict[str, object]) -> dict[str, mc.ModelParameter]:
-    return {key: mc.ModelParameter(string_value=str(value)) for key, value in values.items()}
-
-
-def _python_stage(name: str, stage: StageSettings, **fields) -> mc.ModelConfig:
-    """A Python-backend stage with the settings' batch size, dynamic batching and instance group."""
-    return mc.ModelConfig(
-        name=name,
-        backend="python",
-        max_batch_size=stage.max_batch_size,
-        dynamic_batching=_batching(stage),
-        instance_group=_instances(stage),
-        **fields,
-    )
-
-
-def tokenizer_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
-    stage = settings.tokenizer
-    return _python_stage(
-        "tokenizer",
-        stage,
-        input=[_tensor(mc.ModelInput, TEXT_INPUT, mc.TYPE_STRING, [1])],
-        output=[
-            *(_tensor(mc.ModelOutput, name, mc.TYPE_INT32, [-1]) for name in ENGINE_INPUTS),
-            _tensor(mc.ModelOutput, TOKENS_OUTPUT, mc.TYPE_INT32, [1]),
-        ],
-        parameters=_parameters(
-            {
-                **_text_limits(settings, spec),
-                # A TensorRT encoder batches only equal shapes: pad each request up to a profile's bucket.
-                "pad_to_buckets": ",".join(map(str, settings.tensorrt.sequence_buckets))
-                if settings.engine.kind == "tensorrt"
-                else "",
-            }
-        ),
-        model_warmup=_text_warmup(stage.max_batch_size),
-    )
-
-
-def _engine_parameters(settings: Settings) -> dict[str, object]:
-    engine = settings.engine
-    options = {f"{OPTION_PREFIX}{key}": value for key, value in sorted(engine.options.items())}
-    return {"engine_kind": engine.kind, "precision": engine.precision, "threads": engine.threads, **options}
-
-
-def _text_limits(settings: Settings, spec: ServingSpec) -> dict[str, object]:
-    tokenizer = settings.tokenizer
-    return {
-        "max_tokens": settings.model.max_tokens,
-        "pad_token_id": spec.pad_token_id,
-        "max_text_bytes": tokenizer.max_text_bytes,
-        "max_request_bytes": tokenizer.max_request_bytes,
-    }
-
-
-def _text_warmup(max_batch_size: int) -> list[mc.ModelWarmup]:
-    return [
-        mc.ModelWarmup(
-            name=f"text_batch_{size}",
-            batch_size=size,
-            inputs={TEXT_INPUT: mc.ModelWarmup.Input(data_type=mc.TYPE_STRING, dims=[1], input_data_file=TEXT_INPUT)},
-        )
-        for size in sorted({1, min(8, max_batch_size)})
-    ]
-
-
-def _task_outputs(spec: ServingSpec) -> list[mc.ModelOutput]:
-    """What clients get back from the ensemble, whatever the topology: the task's outputs and each text's
-    token count (what usage.prompt_tokens of the OpenAI front reports)."""
-    tokens = _tensor(mc.ModelOutput, TOKENS_OUTPUT, mc.TYPE_INT32, [1])
-    if spec.task == "classification":
-        return [
-            _tensor(mc.ModelOutput, "label", mc.TYPE_STRING, [1]),
-            _tensor(mc.ModelOutput, "scores", mc.TYPE_FP32, [spec.output_size]),
-            tokens,
-        ]
-    return [_tensor(mc.ModelOutput, "embedding", mc.TYPE_FP32, [spec.output_size]), tokens]
-
-
-def one_stage_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
-    """The one-stage model, under the name clients call (`ensemble`): text in, the task's outputs out.
-
-    Instances, GPUs, queue delay and bounds come from [encoder], its batch limit from [ensemble]: it is at once
-    the most texts one request may carry and the most one execute() runs. A one-step Triton ensemble in front
-    would keep the two limits apart, but it cost 30 us of tritonserver CPU per request and 3-5 % throughput
-    on the H200 (README, one stage or two)."""
-    config = _python_stage(
-        "ensemble",
-        settings.encoder,
-        input=[_tensor(mc.ModelInput, TEXT_INPUT, mc.TYPE_STRING, [1])],
-        output=_task_outputs(spec),
-        parameters=_parameters({**_text_limits(settings, spec), **_engine_parameters(settings)}),
-        model_warmup=_text_warmup(settings.ensemble.max_batch_size),
-    )
-    config.max_batch_size = settings.ensemble.max_batch_size
-    return config
-
-
-def encoder_config(settings: Settings, spec: ServingSpec, warmup_tokens: int) -> mc.ModelConfig:
-    stage = settings.encoder
-    ragged = {"allow_ragged_batch": True}
-    warmup_inputs = {
-        name: mc.ModelWarmup.Input(data_type=mc.TYPE_INT32, dims=[warmup_tokens], input_data_file=name)
-        for name in ENGINE_INPUTS
-    }
-    return _python_stage(
-        "encoder",
-        stage,
-        input=[_tensor(mc.ModelInput, name, mc.TYPE_INT32, [-1], **ragged) for name in ENGINE_INPUTS],
-        output=[_tensor(mc.ModelOutput, spec.output_name, mc.TYPE_FP32, [spec.output_size])],
-        parameters=_parameters(_engine_parameters(settings)),
-        model_warmup=[
-            mc.ModelWarmup(name=f"tokens_batch_{size}", batch_size=size, inputs=warmup_inputs)
-            for size in sorted({1, min(8, stage.max_batch_size)})
-        ],
-    )
-
-
-def tensorrt_encoder_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
-    """The encoder as a `tensorrt_plan` model: one profile per bucket, CUDA graphs per bucket and batch."""
-
-    stage, trt = settings.encoder, settings.tensorrt
-    plan_profiles = profiles(settings)
-    graphs = []
-    for length in trt.sequence_buckets if trt.cuda_graphs else ():
-        previous = 0
-        for batch in graph_batches(settings, length):
-            shape = {name: mc.ModelOptimizationPolicy.Cuda.GraphSpec.Shape(dim=[length]) for name in ENGINE_INPUTS}
-            graphs.append(
-                mc.ModelOptimizationPolicy.Cuda.GraphSpec(
-                    batch_size=batch,
-                    input=shape,
-                    graph_lower_bound=mc.ModelOptimizationPolicy.Cuda.GraphSpec.LowerBound(
-                        batch_size=previous + 1, input=shape
-                    ),
-                )
-            )
-            previous = batch
-    return mc.ModelConfig(
-        name="encoder",
-        platform="tensorrt_plan",
-        default_model_filename="model.plan",
-        max_batch_size=stage.max_batch_size,
-        input=[_tensor(mc.ModelInput, name, mc.TYPE_INT32, [-1]) for name in ENGINE_INPUTS],
-        output=[_tensor(mc.ModelOutput, spec.output_name, mc.TYPE_FP32, [spec.output_size])],
-        dynamic_batching=_batching(
-            stage, list(stage.preferred_batch_sizes) or sorted({p["opt"][0] for p in plan_profiles})
-        ),
-        # Every instance may use every profile: Triton's scheduler does not route requests by shape, so an
-        # instance pinned to one profile would fail requests of other lengths.
-        instance_group=[
-            mc.ModelInstanceGroup(
-                kind=mc.ModelInstanceGroup.KIND_GPU,
-                count=stage.instances,
-                gpus=list(stage.gpus),
-                profile=[str(i) for i in range(len(plan_profiles))],
-            )
-        ],
-        optimization=mc.ModelOptimizationPolicy(
-            cuda=mc.ModelOptimizationPolicy.Cuda(graphs=trt.cuda_graphs, graph_spec=graphs)
-        ),
-    )
-
-
-def postprocess_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
-    return _python_stage(
-        "postprocess",
-        settings.postprocess,
-        input=[_tensor(mc.ModelInput, "logits", mc.TYPE_FP32, [spec.output_size])],
-        output=[
-            _tensor(mc.ModelOutput, "scores", mc.TYPE_FP32, [spec.output_size]),
-            _tensor(mc.ModelOutput, "label", mc.TYPE_STRING, [1]),
-        ],
-    )
-
-
-def ensemble_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
-    """The two-stage ensemble clients call: text in, the task's outputs out."""
-    step = mc.ModelEnsembling.Step
-    steps = [
-        step(
-            model_name="tokenizer",
-            model_version=-1,
-            input_map={TEXT_INPUT: TEXT_INPUT},
-            output_map={name: name for name in (*ENGINE_INPUTS, TOKENS_OUTPUT)},
-        ),
-        step(
-            model_name="encoder",
-            model_version=-1,
-            input_map={name: name for name in ENGINE_INPUTS},
-            output_map={spec.output_name: spec.output_name},
-        ),
-    ]
-    if spec.task == "classification":
-        steps.append(
-            step(
-                model_name="postprocess",
-                model_version=-1,
-                input_map={"logits": "logits"},
-                output_map={"scores": "scores", "label": "label"},
-            )
-        )
-    return mc.ModelConfig(
-        name="ensemble",
-        platform="ensemble",
-        max_batch_size=settings.ensemble.max_batch_size,
-        input=[_tensor(mc.ModelInput, TEXT_INPUT, mc.TYPE_STRING, [1])],
-        output=_task_outputs(spec),
-        ensemble_scheduling=mc.ModelEnsembling(step=steps),
-    )
-
-
-def python_models(settings: Settings) -> list[str]:
-    """The models of the settings' repository that run as Python stubs, in data-path order."""
-    if settings.topology == "one_stage":
-        return ["ensemble"]
-    models = ["tokenizer"] + (["encoder"] if settings.engine.kind != "tensorrt" else [])
-    return models + (["postprocess"] if settings.model.task == "classification" else [])
 
 
 def _place(source: Path, target: Path) -> None:
@@ -345,7 +98,7 @@ def generate(settings: Settings, export_dir: Path | None = None, out: Path | Non
     out.mkdir(parents=True)
     if settings.topology == "one_stage":
         files = [export_dir / "tokenizer.json", export_dir / SERVING_FILE, *engine_files]
-        _write_text_warmup(_write_model(out, one_stage_config(settings, spec), settings, files, "text_encoder"))
+        _write_text_warmup(_write_model(out, one_stage_config(settings, spec), settings, files, "pipeline_model"))
     else:
         _write_two_stages(out, settings, spec, export_dir, engine_files)
     return out
@@ -355,24 +108,24 @@ def _write_two_stages(out: Path, settings: Settings, spec: ServingSpec, export_d
     tokenizer_file, serving_file = export_dir / "tokenizer.json", export_dir / SERVING_FILE
     # serving.json beside the tokenizer too: the API front reads the model's spec and tokenizer from one folder.
     text_files = [tokenizer_file, serving_file]
-    _write_text_warmup(_write_model(out, tokenizer_config(settings, spec), settings, text_files, "tokenizer"))
+    _write_text_warmup(_write_model(out, tokenizer_config(settings, spec), settings, text_files, "tokenizer_model"))
     if settings.engine.kind == "tensorrt":
         _write_model(out, tensorrt_encoder_config(settings, spec), settings, engine_files)
     else:
         warmup_ids = load_tokenizer(tokenizer_file, settings.model.max_tokens).encode(WARMUP_TEXT).ids
         config = encoder_config(settings, spec, len(warmup_ids))
-        encoder_dir = _write_model(out, config, settings, [serving_file, *engine_files], "encoder")
+        encoder_dir = _write_model(out, config, settings, [serving_file, *engine_files], "encoder_model")
         (encoder_dir / "warmup").mkdir()
         for name, values in zip(ENGINE_INPUTS, (warmup_ids, [1] * len(warmup_ids)), strict=True):
             (encoder_dir / "warmup" / name).write_bytes(struct.pack(f"<{len(values)}i", *values))
     if spec.task == "classification":
-        _write_model(out, postprocess_config(settings, spec), settings, [serving_file], "postprocess")
+        _write_model(out, postprocess_config(settings, spec), settings, [serving_file], "postprocess_model")
     _write_model(out, ensemble_config(settings, spec), settings, [])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m model_repository.generate", description=__doc__)
-    parser.add_argument("--settings", help="settings file (default: model_repository/settings.toml)")
+    parser.add_argument("--settings", help="settings file (default: settings/defaults.toml)")
     parser.add_argument("--export-dir", type=Path, help="exported model folder (default: from the settings)")
     parser.add_argument("--out", type=Path, help="repository folder to (re)create (default: from the settings)")
     args = parser.parse_args(argv)

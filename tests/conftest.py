@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from common.settings import load_settings
+from settings import load_settings
 
 if TYPE_CHECKING:
-    from model_repository.server import TritonServer
+    from serving.launcher.tritonserver import TritonServer
 
 
 @pytest.fixture(scope="session")
@@ -51,16 +51,13 @@ def exported(settings, tmp_path_factory) -> Path:
 def repository(settings, exported, tmp_path_factory) -> Path:
     from model_repository.generate import generate
 
-    return generate(settings, exported, tmp_path_factory.mktemp("repo") / "model_repository")
+    return generate(settings, exported, tmp_path_factory.mktemp("repo") / "repository")
 
 
 def start_server(settings, repository: Path, log_dir: Path) -> TritonServer:
-    from model_repository.server import TritonServer
-    from model_repository.triton_command import Ports
+    from serving.launcher.harness import local_server
 
-    # A work dir of its own keeps the test server's backend folder and log apart from `make serve`'s.
-    ports = Ports.free()
-    return TritonServer(settings, repository, ports, "127.0.0.1", work_dir=log_dir).start()
+    return local_server(settings, repository, log_dir).start()
 
 
 @pytest.fixture(scope="session")
@@ -76,7 +73,7 @@ def two_stage_server(settings, exported, tmp_path_factory):
     from model_repository.generate import generate
 
     two_stage = dataclasses.replace(settings, ensemble=dataclasses.replace(settings.ensemble, topology="two_stage"))
-    root = generate(two_stage, exported, tmp_path_factory.mktemp("repo_two_stage") / "model_repository")
+    root = generate(two_stage, exported, tmp_path_factory.mktemp("repo_two_stage") / "repository")
     triton = start_server(two_stage, root, tmp_path_factory.mktemp("server_two_stage"))
     yield triton
     triton.stop()

@@ -7,15 +7,15 @@ import re
 import urllib.request
 from pathlib import Path
 
-from common.settings import ROOT
 from export.tensorrt import read_versions
-from model_repository.gpu_metrics import FAMILIES
+from serving.launcher.gpu_metrics import FAMILIES
+from settings import ROOT
 
 DOCKER = ROOT / "docker"
 CHART = ROOT / "helm" / "bert-triton"
 DOCKERFILES = {name: DOCKER / f"{name}.Dockerfile" for name in ("server", "builder", "locust")}
 VERSIONS = read_versions()
-# The metrics port carries these only where NVML sees a GPU (none here): model_repository/gpu_metrics.py.
+# The metrics port carries these only where NVML sees a GPU (none here): serving/launcher/gpu_metrics.py.
 GPU_METRICS = {name for name, *_ in FAMILIES}
 
 

@@ -1,4 +1,4 @@
-"""The API front (model_repository/api_front.py) on the real tritonserver, called by clients nobody here wrote:
+"""The API front (serving/api/app.py) on the real tritonserver, called by clients nobody here wrote:
 the official `openai` package and langchain-openai's OpenAIEmbeddings; TEI's routes and every error case."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import openai
 import pytest
 
 from client import TextClient
-from common.settings import DEFAULT_SETTINGS
-from common.tokenizer_config import load_tokenizer
-from model_repository.api_front import API_KEY_ENV, command
-from model_repository.front_workers import FrontWorkers
-from model_repository.triton_command import free_ports
+from common.hf_tokenizer import load_tokenizer
+from serving.api.app import API_KEY_ENV, command
+from serving.launcher.triton_command import free_ports
+from serving.workers import FrontWorkers
+from settings import DEFAULT_SETTINGS
 from tests.conftest import start_server
 
 SENTENCES = [
@@ -296,8 +296,8 @@ async def flood(url: str, model: str, texts: list[str]) -> list[int]:
 
 def test_predict_ranks_a_classifiers_labels_as_the_ensemble_scores_them(classification_export, tmp_path_factory):
     from common.contract import ServingSpec
-    from common.settings import load_settings
     from model_repository.generate import generate
+    from settings import load_settings
 
     classifier = load_settings(None, ['model.task="classification"'])
     root = generate(classifier, classification_export, tmp_path_factory.mktemp("api_cls") / "repo")

@@ -236,13 +236,13 @@ class Backend:
         return types.SimpleNamespace(as_numpy=lambda: request[name])
 
 
-@pytest.mark.parametrize("stage", ["text_encoder", "tokenizer"])
+@pytest.mark.parametrize("stage", ["pipeline_model", "tokenizer_model"])
 def test_a_refused_request_in_an_execute_fails_alone(monkeypatch, settings, exported, tmp_path, stage):
     """One execute() of the stage that tokenizes, given a refused request between good ones: it fails with
     INVALID_ARG, the others get what they would get alone."""
-    topology = "one_stage" if stage == "text_encoder" else "two_stage"
+    topology = "one_stage" if stage == "pipeline_model" else "two_stage"
     chosen = dataclasses.replace(settings, ensemble=dataclasses.replace(settings.ensemble, topology=topology))
-    model = "ensemble" if stage == "text_encoder" else "tokenizer"
+    model = "ensemble" if stage == "pipeline_model" else "tokenizer"
     folder = generate(chosen, exported, tmp_path / "repo") / model
     config = text_format.Parse((folder / "config.pbtxt").read_text(), mc.ModelConfig())
     args = {

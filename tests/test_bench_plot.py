@@ -7,7 +7,7 @@ from pathlib import Path
 
 from bench import plot
 
-RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
+RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
 
 
 def test_every_recorded_result_plots_or_is_named(tmp_path, capsys):

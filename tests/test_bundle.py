@@ -9,11 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from common.settings import ROOT
 from export import sha256
-from model_repository.triton_install import (
-    check_tensorrt_plans,
-)
+from serving.launcher.triton_install import check_tensorrt_plans
+from settings import ROOT
 from tests.support import (
     DOCKER,
     load_module,
@@ -56,7 +54,7 @@ def tensorrt_bundle(settings, exported, tmp_path):
         encoder=dataclasses.replace(settings.encoder, gpus=(0,)),
     )
     root = tmp_path / "bundle"
-    repository = bundle.write_repository(trt_settings, exported, root / "model_repository")
+    repository = bundle.write_repository(trt_settings, exported, root / "repository")
     engine = root / "engine"
     engine.mkdir()
     onnx = engine / "model.fp16.onnx"
@@ -77,7 +75,7 @@ def test_bundle_for_tensorrt_leaves_the_plan_to_the_engine_build(tensorrt_bundle
 
 
 def test_bundle_for_other_engines_is_the_generated_repository(settings, exported, tmp_path):
-    repository = bundle.write_repository(settings, exported, tmp_path / "model_repository")
+    repository = bundle.write_repository(settings, exported, tmp_path / "repository")
     assert (repository / "ensemble" / "1" / "model.onnx").is_file()
     assert (repository / "ensemble" / "config.pbtxt").is_file()
 
@@ -125,13 +123,13 @@ def test_assembled_repository_passes_the_launchers_plan_check(tensorrt_bundle, t
     folder = engine_cache.ensure_plan(
         spec, root / "engine", tmp_path / "cache", "NVIDIA-H200", H200, "10.5.0.18", FakeBuilder(H200)
     )
-    out = engine_cache.assemble(root / "model_repository", folder, tmp_path / "models" / "model_repository")
+    out = engine_cache.assemble(root / "repository", folder, tmp_path / "models" / "repository")
     assert (out / "encoder" / "1" / "model.plan").read_bytes() == b"plan for NVIDIA H200"
     check_tensorrt_plans(out, gpu_identity=lambda index: H200, tensorrt_version="10.5.0")
     with pytest.raises(Exception, match="tuned on NVIDIA H200"):
         check_tensorrt_plans(out, gpu_identity=lambda index: H100, tensorrt_version="10.5.0")
     # Assembling again (an init container restarted in the same pod) overwrites in place.
-    engine_cache.assemble(root / "model_repository", folder, out)
+    engine_cache.assemble(root / "repository", folder, out)
     with pytest.raises(engine_cache.EngineCacheError, match="no tensorrt_plan encoder"):
         engine_cache.assemble(out / "tokenizer", folder, tmp_path / "elsewhere")
 

@@ -10,10 +10,11 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from common import settings as settings_module
+import settings.schema as settings_module
 from common.contract import ServingSpec
-from common.settings import ROOT, EncoderSettings, Settings, SettingsError, load_settings
 from model_repository.generate import generate
+from settings import ROOT, Settings, SettingsError, load_settings
+from settings.schema import EncoderSettings
 
 STAGES = Path(__file__).resolve().parent.parent / "model_repository" / "stages"
 
@@ -43,8 +44,9 @@ def check_stage(config: mc.ModelConfig, stage) -> None:
 def check_python_model(root: Path, name: str, stage: str) -> None:
     """The version folder holds the stages package whole and a model.py that is `stage` under Triton's file name."""
     version = root / name / "1"
-    modules = {path.name for path in STAGES.glob("*.py")}
-    assert "__init__.py" in modules and modules == {path.name for path in (version / "stages").glob("*.py")}
+    modules = {str(path.relative_to(STAGES)) for path in STAGES.rglob("*.py")}
+    copied = {str(path.relative_to(version / "stages")) for path in (version / "stages").rglob("*.py")}
+    assert {"__init__.py", "engines/__init__.py"} <= modules and copied == modules
     assert f"from stages.{stage} import TritonPythonModel" in (version / "model.py").read_text()
 
 
@@ -102,7 +104,7 @@ def check_one_stage(root: Path, settings, ensemble: mc.ModelConfig) -> None:
     check_stage(ensemble, dataclasses.replace(settings.encoder, max_batch_size=settings.ensemble.max_batch_size))
     check_text_limits(ensemble, settings)
     check_engine(ensemble, settings)
-    check_python_model(root, "ensemble", "text_encoder")
+    check_python_model(root, "ensemble", "pipeline_model")
     assert (root / "ensemble" / "1" / "tokenizer.json").is_file()
 
 
@@ -111,7 +113,7 @@ def check_two_stage(root: Path, settings, spec: ServingSpec) -> None:
     assert tokenizer.backend == "python"
     check_stage(tokenizer, settings.tokenizer)
     check_text_limits(tokenizer, settings)
-    check_python_model(root, "tokenizer", "tokenizer")
+    check_python_model(root, "tokenizer", "tokenizer_model")
 
     encoder = parse(root / "encoder" / "config.pbtxt")
     check_stage(encoder, settings.encoder)
@@ -119,10 +121,10 @@ def check_two_stage(root: Path, settings, spec: ServingSpec) -> None:
     check_engine(encoder, settings)
     assert [(o.name, list(o.dims)) for o in encoder.output] == [(spec.output_name, [spec.output_size])]
     assert encoder.model_warmup
-    check_python_model(root, "encoder", "encoder")
+    check_python_model(root, "encoder", "encoder_model")
     if spec.task == "classification":
         check_stage(parse(root / "postprocess" / "config.pbtxt"), settings.postprocess)
-        check_python_model(root, "postprocess", "postprocess")
+        check_python_model(root, "postprocess", "postprocess_model")
 
 
 def with_topology(settings, topology: str):
@@ -150,7 +152,7 @@ def test_other_settings_are_followed(exported, tmp_path, topology):
     overrides = [
         f'ensemble.topology="{topology}"',
         "engine.options={spin_us = 0}",
-        'engine.kind="torch_gpu"',
+        'engine.kind="torch"',
         'engine.precision="fp16"',
         "encoder.gpus=[0, 1]",
         "encoder.max_queue_delay_us=2500",
@@ -217,10 +219,10 @@ def test_defaults_are_written_once_in_the_defaults_file():
         for field in dataclasses.fields(getattr(settings_module, section))
         if field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING
     ]
-    assert not with_defaults, "defaults belong in model_repository/settings.toml only"
+    assert not with_defaults, "defaults belong in settings/defaults.toml only"
 
 
-@pytest.mark.parametrize("variant", sorted((ROOT / "model_repository" / "variants").glob("*.toml")), ids=str)
+@pytest.mark.parametrize("variant", sorted((ROOT / "settings" / "variants").glob("*.toml")), ids=str)
 def test_complete_settings_read_back_as_themselves(tmp_path, variant):
     settings = load_settings(variant)
     complete = tmp_path / "complete.toml"
@@ -231,7 +233,7 @@ def test_complete_settings_read_back_as_themselves(tmp_path, variant):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (['engine.kind="torch_gpu"', 'engine.precision="fp16"'], "runs on the CPU: fp32, or bf16 GEMMs"),
+        (['engine.kind="torch"', 'engine.precision="fp16"'], "runs on the CPU: fp32, or bf16 GEMMs"),
         (
             ['engine.kind="tensorrt"', 'engine.precision="fp16"', "encoder.gpus=[0]", 'ensemble.topology="one_stage"'],
             '"two_stage"',
@@ -244,7 +246,7 @@ def test_engine_and_topology_must_agree(overrides, message):
 
 
 def test_auto_topology_follows_the_engine():
-    assert load_settings(None, ['engine.kind="torch_gpu"']).topology == "one_stage", "torch_gpu on the CPU, fp32"
+    assert load_settings(None, ['engine.kind="torch"']).topology == "one_stage", "torch_gpu on the CPU, fp32"
     tensorrt = ['engine.kind="tensorrt"', 'engine.precision="fp16"', "encoder.gpus=[0]"]
     assert load_settings(None, [*tensorrt, "tensorrt.sequence_buckets=[16, 256]"]).topology == "two_stage"
 
@@ -296,7 +298,7 @@ def test_multi_gpu_placement(settings, exported, tmp_path, gpu_count):
     gpus = tuple(range(gpu_count))
     multi = dataclasses.replace(
         with_topology(settings, "two_stage"),
-        engine=dataclasses.replace(settings.engine, kind="torch_gpu", precision="fp16"),
+        engine=dataclasses.replace(settings.engine, kind="torch", precision="fp16"),
         encoder=dataclasses.replace(settings.encoder, gpus=gpus, instances=4),
         tokenizer=dataclasses.replace(settings.tokenizer, instances=8 * gpu_count),
     )

@@ -1,4 +1,4 @@
-"""The packed PyTorch engine (engine_torch_gpu) against the transformers fp32 reference.
+"""The packed PyTorch engine (torch_engine) against the transformers fp32 reference.
 
 CPU tests run everywhere (fp32, the same packed code as on the GPU); the GPU tests (marked gpu) where CUDA is:
 `make test-gpu` there needs only torch, transformers, tokenizers, numpy, pytest and OpenAI Triton. The real
@@ -20,8 +20,9 @@ import pytest
 import torch
 
 from common.contract import ServingSpec
-from model_repository.stages.engine import load_engine, pack_sequences
-from model_repository.stages.torch_gpu_layout import cpu_chunks, layout_size, pack, token_bucket, views
+from model_repository.stages.engines import load_engine
+from model_repository.stages.engines.base import pack_sequences
+from model_repository.stages.engines.torch_layout import cpu_chunks, layout_size, pack, token_bucket, views
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,7 +31,7 @@ tokenizers = pytest.importorskip("tokenizers")
 
 CUDA = torch.cuda.is_available()
 GOLDEN = ROOT / "tests" / "golden" / "minilm.npz"
-ENGINE_FILES = sorted((ROOT / "model_repository" / "stages").glob("*torch_gpu*.py"))
+ENGINE_FILES = sorted((ROOT / "model_repository" / "stages" / "engines").glob("torch_*.py"))
 
 
 def _minilm_source() -> Path | None:
@@ -168,7 +169,7 @@ def minilm_reference(hf_minilm, token_ids) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def cpu_engine(minilm_dir):
-    return load_engine("torch_gpu", minilm_dir, "cpu", {"precision": "fp32"})
+    return load_engine("torch", minilm_dir, "cpu", {"precision": "fp32"})
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -184,13 +185,13 @@ def test_engine_imports_no_transformers():
         elif isinstance(node, ast.ImportFrom) and node.module:
             imported.add(node.module.split(".")[0])
     allowed = {"__future__", "json", "logging", "math", "os", "pathlib", "time", "numpy", "torch", "safetensors"}
-    allowed |= {"common", "engine", "triton"} | own  # common: the base layer, copied beside the stages
+    allowed |= {"common", "base", "triton"} | own  # common: the base layer, copied beside the stages
     assert imported <= allowed, f"unexpected imports: {sorted(imported - allowed)}"
 
 
 def test_cpu_bf16_gemms_keep_the_cosine_bar(minilm_dir, token_ids, minilm_reference):
     """CPU bf16: GEMM operands in bf16 (AMX where the CPU has it), LayerNorm, attention and pooling in fp32."""
-    engine = load_engine("torch_gpu", minilm_dir, "cpu", {"precision": "bf16"})
+    engine = load_engine("torch", minilm_dir, "cpu", {"precision": "bf16"})
     assert engine.gemm_bf16 and engine.layers[0].w1.dtype == torch.bfloat16
     cos = _cosine(engine.forward(token_ids), minilm_reference)
     assert cos.min() >= 0.9999, cos
@@ -236,7 +237,7 @@ def test_mixed_batch_equals_one_at_a_time(cpu_engine, token_ids):
 @pytest.mark.parametrize(("pooling", "normalize"), [("cls", True), ("max", False), ("mean_sqrt_len", False)])
 def test_pooling_modes(tmp_path, minilm_source, hf_minilm, token_ids, pooling, normalize):
     model_dir = _model_dir(tmp_path, minilm_source, _spec(pooling, normalize))
-    engine = load_engine("torch_gpu", model_dir, "cpu", {})
+    engine = load_engine("torch", model_dir, "cpu", {})
     subset = token_ids[::3]
     out = engine.forward(subset)
     ref = _reference(hf_minilm, subset, pooling, normalize)
@@ -268,7 +269,7 @@ def test_classification_head_matches_transformers(tmp_path, act):
     small = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128}
     model = _random_bert(tmp_path, "classification", vocab_size=1000, hidden_act=act, **small)
     _spec("cls", False, 64, "classification", 3, ("a", "b", "c")).save(tmp_path)
-    engine = load_engine("torch_gpu", tmp_path, "cpu", {})
+    engine = load_engine("torch", tmp_path, "cpu", {})
     rng = np.random.default_rng(0)
     seqs = [rng.integers(1, 1000, size=int(n), dtype=np.int32) for n in rng.integers(1, 90, size=24)]
     logits = engine.forward(seqs)
@@ -283,12 +284,12 @@ def test_classification_head_matches_transformers(tmp_path, act):
 INTERPRETED_KERNELS = """
 import sys
 import numpy as np
-from model_repository.stages.engine import load_engine
+from model_repository.stages.engines import load_engine
 lengths = np.array([5, 17, 33, 9, 64, 1], dtype=np.int64)
 ids = np.random.default_rng(0).integers(1000, 20000, size=int(lengths.sum())).astype(np.int32)
 rows = []
 for options in ({"kernels": "triton", "attention": "triton"}, {"kernels": "torch", "attention": "sdpa"}):
-    engine = load_engine("torch_gpu", sys.argv[1], "cpu", {"precision": "fp32", **options})
+    engine = load_engine("torch", sys.argv[1], "cpu", {"precision": "fp32", **options})
     assert (engine.kernels, engine.attention) == (options["kernels"], options["attention"]), engine.kernels
     rows.append(engine.forward_packed(ids, lengths))
 np.save(sys.argv[2], np.stack(rows))
@@ -316,7 +317,7 @@ def test_bucket_padding_leaves_rows_unchanged(tmp_path):
     small = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128}
     _random_bert(tmp_path, "embedding", vocab_size=1000, **small)
     _spec("mean", True, 64).save(tmp_path)
-    engine = load_engine("torch_gpu", tmp_path, "cpu", {})
+    engine = load_engine("torch", tmp_path, "cpu", {})
     rng = np.random.default_rng(3)
     seqs = [rng.integers(1, 1000, size=int(n), dtype=np.int32) for n in (1, 5, 64, 65, 130, 17, 200)]
     expected = engine.forward(seqs)
@@ -367,7 +368,7 @@ def _centered_cosine(out: np.ndarray, ref: np.ndarray) -> np.ndarray:
 @gpu
 @pytest.mark.parametrize("variant", GPU_VARIANTS, ids=_variant_id)
 def test_gpu_minilm_fp16(minilm_dir, hf_minilm, token_ids, variant):
-    engine = load_engine("torch_gpu", minilm_dir, "cuda:0", {"precision": "fp16", **variant})
+    engine = load_engine("torch", minilm_dir, "cuda:0", {"precision": "fp16", **variant})
     _assert_ran(engine, variant)
     expected = _reference(hf_minilm.to("cuda"), token_ids, device="cuda")
     out = engine.forward(token_ids)
@@ -385,9 +386,7 @@ def test_gpu_minilm_fp16(minilm_dir, hf_minilm, token_ids, variant):
 @gpu
 def test_gpu_batches_outside_the_graph_buckets_run_eagerly_with_the_same_rows(minilm_dir, token_ids):
     """Past max_graph_tokens, and once max_graphs are captured, batches run eagerly: the same rows."""
-    engine = load_engine(
-        "torch_gpu", minilm_dir, "cuda:0", {"precision": "fp16", "max_graph_tokens": 512, "max_graphs": 1}
-    )
+    engine = load_engine("torch", minilm_dir, "cuda:0", {"precision": "fp16", "max_graph_tokens": 512, "max_graphs": 1})
     graphed = engine.forward(token_ids[:4])  # a few short sequences: within the buckets, captured
     assert (engine.graph_captures, engine.eager_runs) == (1, 0)
     whole = engine.forward(token_ids)  # over 512 tokens: eager
@@ -403,7 +402,7 @@ def test_gpu_fp16_reproduces_golden_embeddings(minilm_dir):
     """The stored sentence-transformers fp32 embeddings (tests/test_golden.py runs the CPU engines)."""
     data = np.load(GOLDEN)
     sequences = np.split(data["ids"], np.cumsum(data["lengths"])[:-1])
-    out = load_engine("torch_gpu", minilm_dir, "cuda:0", {"precision": "fp16"}).forward(sequences)
+    out = load_engine("torch", minilm_dir, "cuda:0", {"precision": "fp16"}).forward(sequences)
     cos = _cosine(out, data["embeddings"])
     print(f"golden fp16: min cosine {cos.min():.6f}, max abs error {np.abs(out - data['embeddings']).max():.2e}")
     assert cos.min() >= 0.9999, cos
@@ -412,7 +411,7 @@ def test_gpu_fp16_reproduces_golden_embeddings(minilm_dir):
 
 @gpu
 def test_gpu_minilm_bf16(minilm_dir, hf_minilm, token_ids):
-    engine = load_engine("torch_gpu", minilm_dir, "cuda:0", {"precision": "bf16"})
+    engine = load_engine("torch", minilm_dir, "cuda:0", {"precision": "bf16"})
     _assert_ran(engine, {})
     cos = _cosine(engine.forward(token_ids), _reference(hf_minilm.to("cuda"), token_ids, device="cuda"))
     print(f"minilm bf16: min cosine {cos.min():.6f}")
@@ -434,7 +433,7 @@ def test_gpu_bert_base_fp16(bert_base_dir, variant):
     rng = np.random.default_rng(0)
     lens = np.clip(np.rint(rng.lognormal(np.log(45) - 0.125, 0.5, size=64)), 8, 128).astype(int)
     seqs = [rng.integers(1000, 30000, size=int(n), dtype=np.int32) for n in lens]
-    engine = load_engine("torch_gpu", path, "cuda:0", {"precision": "fp16", **variant})
+    engine = load_engine("torch", path, "cuda:0", {"precision": "fp16", **variant})
     _assert_ran(engine, variant)
     expected = _reference(model.to("cuda"), seqs, normalize=False, device="cuda")
     out = engine.forward(seqs)

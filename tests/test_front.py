@@ -1,4 +1,4 @@
-"""The HTTP front (model_repository/front.py) in front of the real tritonserver, started by the real launcher.
+"""The HTTP front (serving/http_front/proxy.py) in front of the real tritonserver, started by the real launcher.
 
 No body reaches tritonserver's parser in a shape that kills it: oversized ones get 413 whatever their
 content type or model, a form-typed body over 4 MiB (SIGSEGV in Triton 2.51 when sent to it directly) is
@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 
 from client.core import TextClient
-from common.settings import load_settings
-from loadtest import reliability
-from model_repository.front import infer_request_problem
-from model_repository.triton_command import Ports
+from serving.http_front.proxy import infer_request_problem
+from serving.launcher import harness
+from serving.launcher.procfs import child_processes
+from serving.launcher.triton_command import Ports
+from settings import load_settings
 
 LIMIT = load_settings().front.max_body_bytes
 CONTENT_TYPES = [None, "application/x-www-form-urlencoded", "application/json", "application/octet-stream"]
@@ -30,7 +31,7 @@ CONTENT_TYPES = [None, "application/x-www-form-urlencoded", "application/json", 
 @pytest.fixture(scope="module")
 def launcher(settings, repository, tmp_path_factory):
     log = tmp_path_factory.mktemp("front") / "launcher.log"
-    started = reliability.Launcher(settings.path, repository, Ports.free(), log).start()
+    started = harness.Launcher(settings.path, repository, Ports.free(), log).start()
     yield started
     started.kill()
 
@@ -150,12 +151,10 @@ def test_http_client_through_the_front_matches_grpc(launcher, sentences):
 
 
 def test_a_dead_front_worker_is_started_again(launcher):
-    (worker,) = [
-        pid for pid, _, argv in reliability.child_processes(launcher.process.pid) if b"model_repository.front" in argv
-    ]
+    (worker,) = [pid for pid, _, argv in child_processes(launcher.process.pid) if b"serving.http_front" in argv]
     os.kill(worker, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while "bert_launcher_front_restarts_total 1" not in launcher.metrics():
+    while 'bert_launcher_front_restarts_total{front="http"} 1' not in launcher.metrics():
         assert time.monotonic() < deadline, launcher.metrics()
         time.sleep(0.1)
     deadline = time.monotonic() + 10

@@ -15,12 +15,13 @@ from hypothesis import strategies as st
 from tokenizers import pre_tokenizers
 from tritonclient.utils import InferenceServerException
 
-from client.core import encode_texts, text_input
+from client.core import text_input
+from common.hf_tokenizer import load_tokenizer
 from common.padding import pad_sequences
-from common.tokenizer_config import load_tokenizer
 from export.checkpoint import tokenizer_file
-from model_repository.stages import tokenization
-from model_repository.stages.tokenization import PREFIX_CHARS_PER_TOKEN, encode_truncated
+from model_repository.stages import text_tokenizer
+from model_repository.stages.text_tokenizer import PREFIX_CHARS_PER_TOKEN, encode_truncated
+from protocol.kserve_grpc import encode_texts
 
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
@@ -118,8 +119,8 @@ def test_prefix_fast_path_gives_the_ids_of_the_whole_text(texts, max_tokens, cha
     tokenizer = load_tokenizer(minilm_tokenizer_file(), max_tokens)
     spy = EncodeSpy(tokenizer)
     # Prefix lengths of all sizes, so that cuts land at every kind of separator.
-    with mock.patch.object(tokenization, "PREFIX_CHARS_PER_TOKEN", chars_per_token):
-        fast = [encoding.ids for encoding in tokenization.encode_truncated(spy, texts)]
+    with mock.patch.object(text_tokenizer, "PREFIX_CHARS_PER_TOKEN", chars_per_token):
+        fast = [encoding.ids for encoding in text_tokenizer.encode_truncated(spy, texts)]
     assert fast == [encoding.ids for encoding in tokenizer.encode_batch(texts)]
     assert len(spy.calls) <= 2, "one call for the batch, at most one more for the texts the prefix did not settle"
     # Why: a prefix, cut where it was, tokenizes to the first tokens of the whole text (a bad cut shows above

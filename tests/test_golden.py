@@ -2,7 +2,7 @@
 
 tests/golden/minilm.npz holds token ids and sentence-transformers fp32 embeddings of 30 real sentences
 (python -m tests.golden.make_golden). Both engines here run fp32 on the CPU: measured 2.2e-7 (ONNX Runtime)
-and 2.3e-7 (torch_gpu's CPU path) at most from the stored values, so 2e-6 fails on any real change (a cosine
+and 2.3e-7 (the torch engine's CPU path) at most from the stored values, so 2e-6 fails on any real change (a cosine
 of 0.9999 is 100x more). fp16 on a GPU has a tolerance of its own (tests/test_engine_torch.py, make test-gpu).
 """
 
@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from model_repository.stages.engine import load_engine
+from model_repository.stages.engines import load_engine
 
 GOLDEN = Path(__file__).parent / "golden" / "minilm.npz"
 ATOL = 2e-6
-ENGINES = [("onnxruntime_cpu", {"threads": "2"}), ("torch_gpu", {"precision": "fp32"})]
+ENGINES = [("onnxruntime_cpu", {"threads": "2"}), ("torch", {"precision": "fp32"})]
 
 
 @pytest.fixture(scope="module")

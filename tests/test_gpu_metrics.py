@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from client import TextClient
-from model_repository.gpu_metrics import FAMILIES, TRITON_GPU_FAMILIES, GpuReading, NvmlGpus, format_readings
-from model_repository.metrics_proxy import CONTENT_TYPE, MetricsProxy, without_families
-from model_repository.triton_command import Ports, free_ports, server_command
+from serving.launcher.gpu_metrics import FAMILIES, TRITON_GPU_FAMILIES, GpuReading, NvmlGpus, format_readings
+from serving.launcher.metrics_port import CONTENT_TYPE, MetricsProxy, without_families
+from serving.launcher.triton_command import Ports, free_ports, server_command
 from tests.support import metric_names, samples, scrape
 
 H200 = GpuReading(

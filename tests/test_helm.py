@@ -3,7 +3,7 @@
 helm_python (Helm 4's SDK, no helm binary) lints and renders; kubernetes-validate checks every manifest
 against the Kubernetes 1.29 and newest schemas it ships. The chart's shape (ports, GPUs, /dev/shm) comes from
 the settings file embedded in its values, so the tests render it for every settings file of the repository
-and compare with what common.settings reads from the same file.
+and compare with what settings reads from the same file.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import tomllib
 import yaml
 from kubernetes_validate.utils import latest_version
 
-from common.settings import ROOT, load_settings
-from model_repository.triton_command import SHM_DEFAULT_BYTES, Ports, server_command
+from serving.launcher.triton_command import SHM_DEFAULT_BYTES, Ports, server_command
+from settings import ROOT, load_settings
 
 CHART = ROOT / "helm" / "bert-triton"
 VALUES_DIR = ROOT / "helm" / "values"
@@ -31,10 +31,10 @@ OVERLAYS = {path.stem: path for path in sorted(VALUES_DIR.glob("*.yaml"))}
 CONFIGS = ["default", *OVERLAYS]
 KUBE_VERSIONS = ("1.29.0", latest_version())
 SETTINGS_FILES = [
-    ROOT / "model_repository" / "settings.toml",
-    *sorted((ROOT / "model_repository" / "variants").glob("*.toml")),
+    ROOT / "settings" / "defaults.toml",
+    *sorted((ROOT / "settings" / "variants").glob("*.toml")),
 ]
-GPU_ENGINES = ("torch_gpu", "tensorrt")
+GPU_ENGINES = ("torch", "tensorrt")
 GPU = "nvidia.com/gpu"
 SERVER_IMAGE_HEALTHCHECK = "/opt/bert-triton/docker/healthcheck.py"
 
@@ -178,7 +178,7 @@ def test_values_schema_refuses_bad_values(chart):
         ({"engineBuild": {"enabled": True}}, "needs engine.kind"),
         (
             {
-                **with_settings(ROOT / "model_repository" / "variants" / "tensorrt-h200.toml"),
+                **with_settings(ROOT / "settings" / "variants" / "tensorrt-h200.toml"),
                 "engineBuild": {"enabled": True},
                 "modelRepository": {"source": "objectStore", "objectStore": {"uri": "s3://b/r"}},
             },
@@ -198,7 +198,7 @@ def test_inconsistent_values_fail_with_a_reason(chart, values, message):
 
 def test_gpu_autoscaling_needs_settings_with_gpus(chart):
     values = {"autoscaling": {"enabled": True, "gpu": {"targetAverageUtilization": 70}}}
-    cpu = {"settings": {"toml": (ROOT / "model_repository" / "settings.toml").read_text()}}
+    cpu = {"settings": {"toml": (ROOT / "settings" / "defaults.toml").read_text()}}
     with pytest.raises(helm_python.HelmRenderError, match=re.escape('needs GPUs: engine.kind "onnxruntime_cpu"')):
         render(chart, {**cpu, **values})
 
@@ -218,11 +218,11 @@ def test_values_files_embed_their_settings_files():
     # The chart's default shape is the single-H200 benchmark's.
     assert (
         yaml.safe_load((CHART / "values.yaml").read_text())["settings"]["source"]
-        == "model_repository/variants/bert-base-h200.toml"
+        == "settings/variants/bert-base-h200.toml"
     )
     # Rewriting from the source reproduces the file (the sync is idempotent).
     text = (CHART / "values.yaml").read_text()
-    assert sync.with_settings(text, sync.resolved("model_repository/variants/bert-base-h200.toml")) == text
+    assert sync.with_settings(text, sync.resolved("settings/variants/bert-base-h200.toml")) == text
 
 
 @pytest.mark.parametrize("settings_file", SETTINGS_FILES, ids=lambda p: str(p.relative_to(ROOT)))
@@ -253,13 +253,13 @@ def test_chart_follows_the_settings_file(chart, settings_file):
     assert shm["emptyDir"]["sizeLimit"] == f"{max(256, 64 * instances)}Mi"
     assert SHM_DEFAULT_BYTES < 64 << 20  # room beyond the launcher's pool per instance
 
-    assert container["image"].endswith("-torch") == (settings.engine.kind == "torch_gpu")
+    assert container["image"].endswith("-torch") == (settings.engine.kind == "torch")
     (config,) = objects["ConfigMap"]
     assert tomllib.loads(config["data"]["settings.toml"]) == tomllib.loads(settings.as_toml())
 
 
 def test_ports_from_the_settings_reach_every_port(chart, tmp_path):
-    text = (ROOT / "model_repository" / "settings.toml").read_text()
+    text = (ROOT / "settings" / "defaults.toml").read_text()
     for name, port in (("http_port", 9100), ("grpc_port", 9101), ("metrics_port", 9102)):
         text = re.sub(rf"^{name} = \d+", f"{name} = {port}", text, flags=re.M)
     custom = tmp_path / "settings.toml"
@@ -325,12 +325,12 @@ def test_api_front_runs_as_a_container_of_its_own(chart, settings):
     spec = pod_spec(objects)
     (api,) = [c for c in spec["containers"] if c["name"] == "api"]
     args = dict(zip(api["args"][::2], api["args"][1::2], strict=True))
-    server = settings.server  # the chart's default settings: model_repository/variants/bert-base-h200.toml
-    h200 = load_settings(ROOT / "model_repository" / "variants" / "bert-base-h200.toml")
-    assert api["command"] == ["python3", "-m", "model_repository.api_front"]
+    server = settings.server  # the chart's default settings: settings/variants/bert-base-h200.toml
+    h200 = load_settings(ROOT / "settings" / "variants" / "bert-base-h200.toml")
+    assert api["command"] == ["python3", "-m", "serving.api"]
     assert args["--grpc"] == f"127.0.0.1:{h200.server.grpc_port}" and args["--port"] == str(h200.api.port)
     assert args["--ready-url"] == f"http://127.0.0.1:{server.health_port}/ready"
-    assert args["--workers"] == str(h200.api.workers) and args["--repository"] == "/bundle/model_repository"
+    assert args["--workers"] == str(h200.api.workers) and args["--repository"] == "/bundle/repository"
     assert api["ports"] == [{"name": "api", "containerPort": h200.api.port, "protocol": "TCP"}]
     assert api["readinessProbe"]["httpGet"] == {"path": "/health", "port": "api"}
     (key,) = api["env"]
@@ -365,7 +365,7 @@ def test_single_gpu_overlay_pins_the_gpu_product(chart):
     assert spec["runtimeClassName"] == "nvidia"
     assert {m["mountPath"]: m.get("subPath") for m in container["volumeMounts"]}["/bundle"] == "bert-base-h200"
     assert container["args"] == [
-        "--settings", "/etc/bert-triton/settings.toml", "--repository", "/bundle/model_repository", "--host", "0.0.0.0",
+        "--settings", "/etc/bert-triton/settings.toml", "--repository", "/bundle/repository", "--host", "0.0.0.0",
         "--api-port", "0",
     ]  # fmt: skip
     env = {e["name"]: e.get("value") for e in container["env"]}
@@ -410,7 +410,7 @@ def test_autoscaled_overlay(chart):
     objects = render(chart, values)
     (deployment,) = objects["Deployment"]
     assert "replicas" not in deployment["spec"]  # the HPA owns the replica count
-    # model_repository/variants/bert-base-h200x2.toml: gpus [0, 1]
+    # settings/variants/bert-base-h200x2.toml: gpus [0, 1]
     assert server_container(objects)["resources"]["limits"][GPU] == 2
 
     (hpa,) = objects["HorizontalPodAutoscaler"]
@@ -448,7 +448,7 @@ def test_autoscaled_overlay(chart):
 def test_hpa_on_gpu_utilization(chart):
     """autoscaling.gpu: a third metric, the pods' mean nv_gpu_utilization (0..1) through prometheus-adapter."""
     values = {"autoscaling": {"enabled": True, "gpu": {"targetAverageUtilization": 70}}}
-    objects = render(chart, values)  # the default settings: torch_gpu on one GPU
+    objects = render(chart, values)  # the default settings: torch on one GPU
     (hpa,) = objects["HorizontalPodAutoscaler"]
     queue, gpu, cpu = hpa["spec"]["metrics"]
     assert queue["pods"]["metric"]["name"] == "triton_queue_duration_us_per_request"
@@ -519,7 +519,7 @@ def test_object_store_runs_tritonserver_with_the_launchers_flags(chart):
     container = server_container(objects)
     assert container["command"] == ["/opt/nvidia/nvidia_entrypoint.sh", "/opt/bert-triton/docker/tritonserver.sh"]
     uri = values["modelRepository"]["objectStore"]["uri"]
-    settings = load_settings(ROOT / "model_repository" / "settings.toml")
+    settings = load_settings(ROOT / "settings" / "defaults.toml")
     # Without the launcher there is no watchdog, hence no admin key and no explicit model control.
     launcher = server_command(
         Path("/opt/tritonserver/bin/tritonserver"),
@@ -563,7 +563,7 @@ def test_tensorrt_overlay_builds_plans_per_gpu_product(chart):
     assert init["image"] == "bert-triton-engine-builder:0.1.0-ngc24.10"
     assert init["command"][1:] == [
         "python3", "/opt/bert-triton/docker/engine_cache.py", "--bundle", "/bundle", "--cache", "/engine-cache",
-        "--out", "/models/model_repository",
+        "--out", "/models/repository",
     ]  # fmt: skip
     assert init["resources"]["limits"][GPU] == 1  # builds on the pod's own GPU
     assert {"name": "GPU_PRODUCT", "value": "NVIDIA-H200"} in init["env"]
@@ -572,7 +572,7 @@ def test_tensorrt_overlay_builds_plans_per_gpu_product(chart):
     assert init_mounts["/bundle"]["readOnly"] and not init_mounts["/models"].get("readOnly")
 
     container = server_container(objects)
-    assert container["args"][container["args"].index("--repository") + 1] == "/models/model_repository"
+    assert container["args"][container["args"].index("--repository") + 1] == "/models/repository"
     assert container["image"] == "bert-triton-server:0.1.0-ngc24.10"  # no torch for a TensorRT encoder
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert volumes["engine-cache"]["persistentVolumeClaim"]["claimName"] == "bert-bert-triton-engine-cache"
@@ -645,7 +645,7 @@ def test_every_value_is_documented():
 @pytest.mark.parametrize("config", CONFIGS)
 def test_grace_period_outlasts_the_drain_and_tritons_exit(chart, config):
     """From SIGTERM to SIGKILL the launcher drains for up to server.exit_timeout_s, then tritonserver has as long
-    again to finish (README, Faults): the pod's grace period must hold both, for the settings it embeds."""
+    again to finish (docs/reliability.md, Faults): the pod's grace period must hold both, for the settings it embeds."""
     objects = render(chart, overlay(config))
     (embedded,) = [c["data"]["settings.toml"] for c in objects["ConfigMap"] if "settings.toml" in c.get("data", {})]
     exit_timeout_s = tomllib.loads(embedded)["server"]["exit_timeout_s"]

@@ -20,16 +20,16 @@ import pytest
 import yaml
 
 from client import TextClient
-from loadtest import reliability
-from model_repository.triton_command import Ports
-from model_repository.triton_install import (
+from serving.launcher import harness
+from serving.launcher.procfs import child_processes, stub_processes
+from serving.launcher.triton_command import Ports
+from serving.launcher.triton_install import (
     check_stub_python,
     prepare_backends,
     stub_environment,
     triton_home,
     triton_libs,
 )
-from model_repository.watchdog import child_processes, stub_processes
 from tests.support import (
     CHART,
     DOCKER,
@@ -48,7 +48,7 @@ healthcheck = load_module("healthcheck", DOCKER / "healthcheck.py")
 # ---------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def image_like_server(settings, repository, tmp_path_factory):
-    """python3 -m model_repository.server with the image's environment, on the wheel's tritonserver.
+    """python3 -m serving.launcher with the image's environment, on the wheel's tritonserver.
 
     TRITONSERVER_BIN is docker/tritonserver.sh with TRITONSERVER_REAL_BIN and TRITONSERVER_EXTRA_ARGS as in
     the image; TRITON_BACKENDS_DIR a backends folder with the Python backend (the image's
@@ -72,7 +72,7 @@ def image_like_server(settings, repository, tmp_path_factory):
         TRITONSERVER_EXTRA_ARGS="--metrics-config=summary_latencies=true",
         LD_LIBRARY_PATH=os.pathsep.join(filter(None, [str(triton_libs()), os.environ.get("LD_LIBRARY_PATH")])),
     )
-    command = [sys.executable, "-m", "model_repository.server", "--settings", str(work / "settings.toml")]
+    command = [sys.executable, "-m", "serving.launcher", "--settings", str(work / "settings.toml")]
     command += ["--repository", str(repository), "--host", "127.0.0.1"]
     log = (work / "server.log").open("wb")
     process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=work)
@@ -156,7 +156,7 @@ def alive(pid: int) -> bool:
 
 
 def launcher_ready(server) -> tuple[int, dict]:
-    return reliability.launcher_ready(server.ports.health, timeout_s=5)
+    return harness.launcher_ready(server.ports.health, timeout_s=5)
 
 
 def test_a_dead_stub_fails_the_charts_probe_until_the_watchdog_restarts_it(image_like_server):

@@ -20,7 +20,7 @@ import pytest
 import tomllib
 import yaml
 
-from common.settings import ROOT, load_settings
+from settings import ROOT, load_settings
 from tests.support import (
     CHART,
     DOCKER,
@@ -68,7 +68,7 @@ def test_server_image_starts_the_launcher():
     text = DOCKERFILES["server"].read_text()
     entrypoint = json.loads(re.search(r"^ENTRYPOINT (.*)$", text, flags=re.M).group(1))
     command = json.loads(re.search(r"^CMD (.*)$", text, flags=re.M).group(1))
-    assert entrypoint[1:] == ["python3", "-m", "model_repository.server"]
+    assert entrypoint[1:] == ["python3", "-m", "serving.launcher"]
     assert command[command.index("--host") + 1] == "0.0.0.0"
     assert command[command.index("--repository") + 1] == "/models"
     env = dict(re.findall(r"(\w+)=(\S+)", text[text.index("ENV PYTHONPATH") :].split("\n\n")[0]))
@@ -166,6 +166,7 @@ def test_compose_defaults_agree_with_versions_env():
 
 DOC_FILES = [
     ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
     DOCKER / "README.md",
     ROOT / "helm" / "README.md",
     CHART / "README.md",
@@ -209,7 +210,7 @@ def test_compose_stack():
     assert command[command.index("--host") + 1] == "0.0.0.0"
     mounts = dict(reversed(volume.removesuffix(":ro").rsplit(":", 1)) for volume in triton["volumes"])
     settings_source = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", mounts["/etc/bert-triton/settings.toml"])
-    assert (DOCKER / settings_source).resolve() == ROOT / "model_repository" / "settings.toml"
+    assert (DOCKER / settings_source).resolve() == ROOT / "settings" / "defaults.toml"
     assert command[command.index("--settings") + 1] in mounts and command[command.index("--repository") + 1] in mounts
 
     server = load_settings().server
@@ -236,7 +237,7 @@ def test_compose_stack():
     assert "..:/mnt/project:ro" in locust["volumes"] and locust["environment"]["PYTHONPATH"] == "/mnt/project"
     assert locust["depends_on"]["triton"]["condition"] == "service_healthy"
     assert command[command.index("--host") + 1] == f"${{LOCUST_HOST:-http://triton:{server.http_port}}}"
-    assert command[command.index("--settings") + 1] == "/mnt/project/${SETTINGS:-model_repository/settings.toml}"
+    assert command[command.index("--settings") + 1] == "/mnt/project/${SETTINGS:-settings/defaults.toml}"
     locustfile = ROOT / "loadtest" / "locustfile.py"
     if locustfile.exists():  # written alongside; the user class and the option the command names
         user = re.fullmatch(r"\$\{LOCUST_USER:-(\w+)\}", command[-1]).group(1)
@@ -263,7 +264,7 @@ def test_tomllib_stand_in_reads_the_settings():
     compat = load_module("compat_tomllib", DOCKER / "compat" / "tomllib.py")
     assert compat.loads is tomli.loads and compat.TOMLDecodeError is tomli.TOMLDecodeError
     assert importlib.metadata.version("tomli") == VERSIONS["TOMLI_VERSION"]
-    text = (ROOT / "model_repository" / "settings.toml").read_text()
+    text = (ROOT / "settings" / "defaults.toml").read_text()
     assert compat.loads(text) == tomllib.loads(text)
     with pytest.raises(compat.TOMLDecodeError):
         compat.loads("[model\n")

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from common.settings import SettingsError, load_settings
 from loadtest import triton_stats
 from loadtest.acceptance import (
     Measured,
@@ -22,6 +21,7 @@ from loadtest.acceptance import (
     ramp_breaches,
     verdict_line,
 )
+from settings import SettingsError, load_settings
 
 # Thresholds a 2-core machine meets with 2 users while it also runs Locust (measured: p99 ~45 ms, ~100 req/s).
 LENIENT = ["--p50-ms", "1000", "--p99-ms", "2000", "--min-rps", "5", "--max-fail-ratio", "0"]

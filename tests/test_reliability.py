@@ -24,17 +24,20 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from client.core import RetryPolicy, TextClient
-from common.settings import load_settings
 from loadtest import reliability
-from model_repository.generate import generate, python_models
-from model_repository.triton_command import Ports
-from model_repository.watchdog import SHM_REGION_PREFIX, child_processes
+from model_repository.configs import python_models
+from model_repository.generate import generate
+from serving.launcher.harness import Launcher
+from serving.launcher.procfs import child_processes
+from serving.launcher.shm import SHM_REGION_PREFIX
+from serving.launcher.triton_command import Ports
+from settings import load_settings
 from tests.support import scrape
 
 
 @pytest.fixture()
 def launcher(settings, repository, tmp_path):
-    started = reliability.Launcher(settings.path, repository, Ports.free(), tmp_path / "launcher.log").start()
+    started = Launcher(settings.path, repository, Ports.free(), tmp_path / "launcher.log").start()
     yield started
     started.kill()
 
@@ -194,7 +197,7 @@ def test_launcher_gives_up_on_a_crash_loop(settings, repository, tmp_path):
     text, count = re.subn(r"^max_restarts = \d+", "max_restarts = 1", settings.path.read_text(), flags=re.M)
     assert count == 1
     crashy.write_text(text)
-    launcher = reliability.Launcher(crashy, repository, Ports.free(), tmp_path / "launcher.log").start()
+    launcher = Launcher(crashy, repository, Ports.free(), tmp_path / "launcher.log").start()
     try:
         os.kill(launcher.triton_pid, signal.SIGKILL)
         wait_ready(launcher)
@@ -220,7 +223,7 @@ def stub_pids() -> set[int]:
 
 def test_a_second_server_on_the_same_ports_names_the_port_and_leaves_nothing(launcher, repository):
     stubs_before = stub_pids()
-    command = [sys.executable, "-m", "model_repository.server", "--repository", str(repository), "--host", "127.0.0.1"]
+    command = [sys.executable, "-m", "serving.launcher", "--repository", str(repository), "--host", "127.0.0.1"]
     for name in ("http", "grpc", "metrics"):
         command += [f"--{name}-port", str(getattr(launcher.ports, name))]
     command += ["--health-port", str(Ports.free().health)]
@@ -235,7 +238,7 @@ def test_shared_memory_of_a_killed_tritonserver_is_removed(settings, repository,
     """A tritonserver killed outright cannot remove its stubs' 16 MiB regions in /dev/shm: the launcher does,
     and what this launcher ran leaves none behind."""
     before = shm_regions()
-    launcher = reliability.Launcher(settings.path, repository, Ports.free(), tmp_path / "launcher.log").start()
+    launcher = Launcher(settings.path, repository, Ports.free(), tmp_path / "launcher.log").start()
     try:
         first = shm_regions() - before
         assert first, "the running stub's region"
@@ -260,7 +263,7 @@ def test_one_of_several_stubs_is_restored_and_the_launchers_children_die_with_it
     )
     settings = load_settings(path)
     repository = generate(settings, exported, tmp_path / "model_repository")
-    launcher = reliability.Launcher(path, repository, Ports.free(), tmp_path / "launcher.log").start()
+    launcher = Launcher(path, repository, Ports.free(), tmp_path / "launcher.log").start()
     stubs = []
     try:
         assert launcher.expected_stubs("ensemble") == 2

@@ -163,9 +163,9 @@ def test_classification_returns_the_engines_scores_and_labels(
     import torch
     import transformers
 
-    from common.tokenizer_config import load_tokenizer
+    from common.hf_tokenizer import load_tokenizer
     from model_repository.generate import generate
-    from model_repository.stages.engine import load_engine
+    from model_repository.stages.engines import load_engine
 
     cls_settings = dataclasses.replace(
         settings,
@@ -211,8 +211,8 @@ def test_a_bounded_queue_rejects_the_excess_and_answers_every_request(
 ):
     """A stage's queue bound (max_queue_size, queue_timeout_us) rejects what is over it with UNAVAILABLE naming
     the bound; every other request is served, and so is the next one."""
-    from common.settings import load_settings
     from model_repository.generate import generate
+    from settings import load_settings
 
     bounded = load_settings(None, [f'ensemble.topology="{topology}"', "encoder.max_queue_delay_us=0", *overrides])
     root = generate(bounded, exported, tmp_path_factory.mktemp("bounded") / "repo")
@@ -243,19 +243,21 @@ def test_a_bounded_queue_rejects_the_excess_and_answers_every_request(
     assert all(message in text.lower() for text in rejected), rejected[:3]
 
 
-def test_torch_gpu_engine_serves_through_tritonserver(server, exported, sentences, reference_model, tmp_path_factory):
-    """engine.kind = "torch_gpu" without encoder.gpus runs the packed engine in fp32 on the CPU: served by the
+def test_the_torch_engine_serves_through_tritonserver_on_the_cpu(
+    server, exported, sentences, reference_model, tmp_path_factory
+):
+    """engine.kind = "torch" without encoder.gpus runs the packed engine in fp32 on the CPU: served by the
     real tritonserver, it gives sentence-transformers' embeddings and the ONNX Runtime server's to fp32 rounding."""
-    from common.settings import load_settings
     from model_repository.generate import generate
+    from settings import load_settings
 
-    torch_settings = load_settings(None, ['engine.kind="torch_gpu"'])
-    assert torch_settings.engine.kind == "torch_gpu" and not torch_settings.encoder.gpus
+    torch_settings = load_settings(None, ['engine.kind="torch"'])
+    assert torch_settings.engine.kind == "torch" and not torch_settings.encoder.gpus
     root = generate(torch_settings, exported, tmp_path_factory.mktemp("torch_repo") / "repo")
     torch_server = start_server(torch_settings, root, tmp_path_factory.mktemp("torch_server"))
     try:
         config = grpcclient.InferenceServerClient(torch_server.grpc_url).get_model_config("ensemble", as_json=True)
-        assert config["config"]["parameters"]["engine_kind"]["string_value"] == "torch_gpu"
+        assert config["config"]["parameters"]["engine_kind"]["string_value"] == "torch"
         with TextClient(torch_server.grpc_url, "grpc") as client:
             served = client.embed(sentences)
             singles = np.concatenate([client.embed([text]) for text in sentences[:4]])

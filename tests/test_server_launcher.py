@@ -7,7 +7,8 @@ import stat
 
 import pytest
 
-from model_repository.triton_install import ServerError, check_stub_python, numpy_problem, stub_environment
+from serving.launcher.triton_install import check_stub_python, numpy_problem, stub_environment
+from serving.processes import ServerError
 
 
 def test_numpy_versions():

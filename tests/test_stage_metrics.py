@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from client import TextClient
-from common.tokenizer_config import load_tokenizer
+from common.hf_tokenizer import load_tokenizer
 from model_repository.stages import stage_metrics
 from model_repository.stages.stage_metrics import FLUSH_INTERVAL_S
 from tests.support import (
@@ -100,7 +100,7 @@ class FailingMetrics:
 
 
 @pytest.mark.parametrize("fail_on", ["create", "update"])
-@pytest.mark.parametrize("stage", ["text_encoder", "tokenizer", "encoder"])
+@pytest.mark.parametrize("stage", ["pipeline_model", "tokenizer_model", "encoder_model"])
 def test_stage_metrics_never_fail_the_model(monkeypatch, stage, fail_on):
     fake = FailingMetrics(fail_on)
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake)
@@ -110,7 +110,7 @@ def test_stage_metrics_never_fail_the_model(monkeypatch, stage, fail_on):
     args = {"model_name": stage, "model_version": "1", "model_instance_name": f"{stage}_0_0"}
     model.engine = types.SimpleNamespace(computed_tokens=24)
     model._create_metrics(args, 8)
-    if stage == "encoder":
+    if stage == "encoder_model":
         model._record(2, 17)
         model._record(1, 5)
     else:

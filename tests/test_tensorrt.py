@@ -18,12 +18,13 @@ from google.protobuf import text_format
 from onnx import TensorProto, helper
 from tritonclient.grpc import model_config_pb2 as mc
 
-from common.profiles import graph_batches, profiles
-from common.settings import ROOT
 from export.tensorrt import EngineBuildError, check_onnx, prepare, read_versions
 from export.tensorrt_build import plan_problems
 from model_repository.generate import generate
-from model_repository.triton_install import ServerError, check_tensorrt_plans
+from serving.launcher.triton_install import check_tensorrt_plans
+from serving.processes import ServerError
+from settings import ROOT
+from settings.tensorrt_profiles import graph_batches, profiles
 
 HAVE_TENSORRT = importlib.util.find_spec("tensorrt") is not None
 HAVE_GPU = (
@@ -199,7 +200,7 @@ def test_plan_builds_and_matches_onnxruntime(trt_settings, golden_sequences):
     import torch
 
     from export.tensorrt_build import build
-    from model_repository.stages.engine import load_engine
+    from model_repository.stages.engines import load_engine
 
     spec_path, _ = prepare(trt_settings)
     spec = json.loads(spec_path.read_text())

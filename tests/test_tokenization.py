@@ -15,11 +15,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from tokenizers import pre_tokenizers
 
-from common.tokenizer_config import load_tokenizer
+from common.hf_tokenizer import load_tokenizer
 from export.checkpoint import tokenizer_file
 from loadtest.corpus import load_text
-from model_repository.stages import tokenization
-from model_repository.stages.tokenization import PREFIX_CHARS_PER_TOKEN, TextTokenizer
+from model_repository.stages import text_input, text_tokenizer
+from model_repository.stages.text_tokenizer import PREFIX_CHARS_PER_TOKEN, TextTokenizer
 
 
 @functools.cache
@@ -162,11 +162,11 @@ def test_empty_batch_packs_to_nothing():
 
 
 def test_word_cache_is_bounded(monkeypatch):
-    monkeypatch.setattr(tokenization, "WORD_CACHE_SIZE", 3)
-    text_tokenizer = TextTokenizer.from_file(minilm_tokenizer_file(), 64)
+    monkeypatch.setattr(text_tokenizer, "WORD_CACHE_SIZE", 3)
+    bounded = TextTokenizer.from_file(minilm_tokenizer_file(), 64)
     texts = ["alpha beta gamma delta epsilon zeta", "alpha zeta"]
-    assert packed_rows(text_tokenizer, texts) == reference_ids(text_tokenizer, texts)
-    assert len(text_tokenizer._words) == 3
+    assert packed_rows(bounded, texts) == reference_ids(bounded, texts)
+    assert len(bounded._words) == 3
 
 
 @pytest.mark.parametrize(
@@ -180,11 +180,11 @@ def test_word_cache_is_bounded(monkeypatch):
 )
 def test_request_texts_are_refused_with_the_reason(raw, message):
     with pytest.raises(ValueError, match=message):
-        tokenization.request_texts(np.array(raw, dtype=object), max_text_bytes=10, max_request_bytes=20)
+        text_input.request_texts(np.array(raw, dtype=object), max_text_bytes=10, max_request_bytes=20)
 
 
 def test_gather_texts_serves_the_good_requests_of_a_batch():
     raws = [np.array([b"one", b"two"], dtype=object), np.array([b"\xff"], dtype=object), np.array([b"three"])]
-    texts, parts = tokenization.gather_texts(raws, 100, 1000)
+    texts, parts = text_input.gather_texts(raws, 100, 1000)
     assert texts == ["one", "two", "three"]
     assert parts[0] == slice(0, 2) and "not valid UTF-8" in parts[1] and parts[2] == slice(2, 3)

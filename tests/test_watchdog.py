@@ -14,14 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from model_repository.watchdog import (
-    SHM_REGION_PREFIX,
-    child_processes,
-    mapped_files,
-    process_cpu_s,
-    remove_orphaned_shm,
-    remove_regions,
-)
+from serving.launcher.procfs import child_processes, process_cpu_s
+from serving.launcher.shm import SHM_REGION_PREFIX, mapped_files, remove_orphaned_shm, remove_regions
 
 SHM = Path("/dev/shm")
 

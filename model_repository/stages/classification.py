@@ -1,4 +1,4 @@
-"""The classification head's last step, shared by the postprocess and text_encoder stages: logits -> scores, label."""
+"""The classification head's last step, shared by postprocess_model and pipeline_model: logits -> scores, label."""
 
 from __future__ import annotations
 

@@ -1,9 +1,14 @@
-"""What a Python stage reads from the arguments Triton passes to initialize(), in one place."""
+"""What a Python stage reads from the arguments Triton passes to initialize(), in one place: its config, its
+parameters, its version folder, and the engine they name."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from common.contract import OPTION_PREFIX
+
+from .engines import Engine, load_engine
 
 
 def model_config(args: dict) -> tuple[dict, dict[str, str], Path]:
@@ -15,3 +20,17 @@ def model_config(args: dict) -> tuple[dict, dict[str, str], Path]:
 
 def instance_count(config: dict) -> int:
     return sum(group["count"] for group in config["instance_group"])
+
+
+def engine_from_args(args: dict, params: dict) -> Engine:
+    """The engine a stage instance runs: kind and options from its config's parameters (engine_kind, precision,
+    threads, and the settings' [engine] options as "engine.<name>"), device from the instance."""
+    device = "cpu"
+    if args["model_instance_kind"] == "GPU":
+        device = f"cuda:{args['model_instance_device_id']}"
+    version_dir = Path(args["model_repository"]) / args["model_version"]
+    options = {key: params[key] for key in ("precision", "threads") if key in params}
+    options.update(
+        {key.removeprefix(OPTION_PREFIX): value for key, value in params.items() if key.startswith(OPTION_PREFIX)}
+    )
+    return load_engine(params["engine_kind"], version_dir, device, options)

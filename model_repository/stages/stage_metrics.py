@@ -129,7 +129,7 @@ class StageMetrics:
 
 
 def tokenizer_metrics(max_batch_size: int) -> dict[str, tuple[str, str, list[float] | None]]:
-    """What tokenizing stages count: the tokenizer's (two-stage) and text_encoder's (one-stage)."""
+    """What tokenizing stages count: the tokenizer's (two-stage) and the pipeline's (one-stage)."""
     return {
         "bert_tokenizer_requests_total": ("Requests tokenized", "counter", None),
         "bert_tokenizer_tokens_total": ("Tokens produced after truncation, special tokens included", "counter", None),
@@ -142,7 +142,7 @@ def tokenizer_metrics(max_batch_size: int) -> dict[str, tuple[str, str, list[flo
 
 
 def encoder_metrics(max_batch_size: int) -> dict[str, tuple[str, str, list[float] | None]]:
-    """What encoding stages count: the encoder's (two-stage) and text_encoder's (one-stage)."""
+    """What encoding stages count: the encoder's (two-stage) and the pipeline's (one-stage)."""
     return {
         "bert_encoder_sequences_per_execute": (
             "Sequences per execute() call (the engine's batch size)",

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from common.settings import load_settings
-from common.tokenizer_config import load_tokenizer
+from common.hf_tokenizer import load_tokenizer
 from export.checkpoint import resolve_source, tokenizer_file
 from export.onnx_export import VALIDATION_SENTENCES
+from settings import load_settings
 
 GOLDEN = Path(__file__).with_name("minilm.npz")
 

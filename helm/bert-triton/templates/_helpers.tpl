@@ -46,7 +46,7 @@ app.kubernetes.io/part-of: bert-triton
 {{/*
 The settings file (values settings.toml), parsed. The chart reads the deployment's shape from it and has no
 defaults of its own: the file is complete, as helm/sync_settings.py and helm/bundle.py write it (the
-settings read over model_repository/settings.toml). Returned as JSON: use
+settings read over settings/defaults.toml). Returned as JSON: use
 `fromJson (include "bert-triton.settings" .)`.
 */}}
 {{- define "bert-triton.settings" -}}
@@ -69,9 +69,12 @@ settings read over model_repository/settings.toml). Returned as JSON: use
 {{- $encoder := $raw.encoder }}
 {{- $postprocess := $raw.postprocess }}
 {{- $kind := $engine.kind }}
+{{- if eq $kind "torch_gpu" }}{{/* the torch engine's old name, read for one release as the launcher reads it */}}
+{{- $kind = "torch" }}
+{{- end }}
 {{- $task := $model.task }}
 {{- $gpus := 0 }}
-{{- if has $kind (list "torch_gpu" "tensorrt") }}
+{{- if has $kind (list "torch" "tensorrt") }}
 {{- $gpus = len $encoder.gpus }}
 {{- end }}
 {{- $instances := int $tokenizer.instances }}
@@ -97,7 +100,7 @@ settings read over model_repository/settings.toml). Returned as JSON: use
 {{- end }}
 
 {{/*
-Server image: the tag defaults to the chart's appVersion, with "-torch" for the torch_gpu engine (the image
+Server image: the tag defaults to the chart's appVersion, with "-torch" for the torch engine (the image
 built with --build-arg WITH_TORCH=1).
 */}}
 {{- define "bert-triton.image" -}}
@@ -105,7 +108,7 @@ built with --build-arg WITH_TORCH=1).
 {{- $tag := .Values.image.tag }}
 {{- if not $tag }}
 {{- $tag = .Chart.AppVersion }}
-{{- if eq $s.engineKind "torch_gpu" }}
+{{- if eq $s.engineKind "torch" }}
 {{- $tag = printf "%s-torch" $tag }}
 {{- end }}
 {{- end }}
@@ -162,9 +165,9 @@ the bundle on the claim.
 {{- if eq .Values.modelRepository.source "objectStore" }}
 {{- .Values.modelRepository.objectStore.uri }}
 {{- else if .Values.engineBuild.enabled }}
-{{- "/models/model_repository" }}
+{{- "/models/repository" }}
 {{- else }}
-{{- "/bundle/model_repository" }}
+{{- "/bundle/repository" }}
 {{- end }}
 {{- end }}
 

@@ -1,0 +1,269 @@
+"""Every config.pbtxt of the model repository, built as Triton's own ModelConfig protobuf from the settings and
+the exported model's serving spec: the one-stage model, or the two-stage ensemble and its steps."""
+
+from __future__ import annotations
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from common.contract import ENGINE_INPUTS, OPTION_PREFIX, TEXT_INPUT, TOKENS_OUTPUT, ServingSpec
+from settings import Settings
+from settings.schema import EncoderSettings, StageSettings
+from settings.tensorrt_profiles import graph_batches, profiles
+
+WARMUP_TEXT = "Warm-up request: the first real request should not pay for lazy initialization."
+# Files each engine kind needs from the export folder, beside serving.json.
+ENGINE_FILES = {
+    "onnxruntime_cpu": ("model.onnx",),
+    "torch": ("config.json", "model.safetensors"),
+    "tensorrt": ("model.plan", "model.plan.json"),
+}
+
+
+def _tensor(cls, name: str, data_type: int, dims: list[int], **extra):
+    return cls(name=name, data_type=data_type, dims=dims, **extra)
+
+
+def _batching(stage: StageSettings, preferred: list[int] | None = None) -> mc.ModelDynamicBatching:
+    batching = mc.ModelDynamicBatching(
+        preferred_batch_size=preferred or list(stage.preferred_batch_sizes),
+        max_queue_delay_microseconds=stage.max_queue_delay_us,
+    )
+    if stage.max_queue_size or stage.queue_timeout_us:
+        # A bounded queue fails fast under overload instead of letting latency grow without limit.
+        batching.default_queue_policy.CopyFrom(
+            mc.ModelQueuePolicy(
+                timeout_action=mc.ModelQueuePolicy.REJECT,
+                default_timeout_microseconds=stage.queue_timeout_us,
+                allow_timeout_override=True,
+                max_queue_size=stage.max_queue_size,
+            )
+        )
+    return batching
+
+
+def _instances(stage: StageSettings) -> list[mc.ModelInstanceGroup]:
+    if isinstance(stage, EncoderSettings) and stage.gpus:  # only the encoder runs on GPUs
+        return [
+            mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_GPU, count=stage.instances, gpus=list(stage.gpus))
+        ]
+    return [mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_CPU, count=stage.instances)]
+
+
+def _parameters(values: dict[str, object]) -> dict[str, mc.ModelParameter]:
+    return {key: mc.ModelParameter(string_value=str(value)) for key, value in values.items()}
+
+
+def _python_stage(name: str, stage: StageSettings, **fields) -> mc.ModelConfig:
+    """A Python-backend stage with the settings' batch size, dynamic batching and instance group."""
+    return mc.ModelConfig(
+        name=name,
+        backend="python",
+        max_batch_size=stage.max_batch_size,
+        dynamic_batching=_batching(stage),
+        instance_group=_instances(stage),
+        **fields,
+    )
+
+
+def tokenizer_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
+    stage = settings.tokenizer
+    return _python_stage(
+        "tokenizer",
+        stage,
+        input=[_tensor(mc.ModelInput, TEXT_INPUT, mc.TYPE_STRING, [1])],
+        output=[
+            *(_tensor(mc.ModelOutput, name, mc.TYPE_INT32, [-1]) for name in ENGINE_INPUTS),
+            _tensor(mc.ModelOutput, TOKENS_OUTPUT, mc.TYPE_INT32, [1]),
+        ],
+        parameters=_parameters(
+            {
+                **_text_limits(settings, spec),
+                # A TensorRT encoder batches only equal shapes: pad each request up to a profile's bucket.
+                "pad_to_buckets": ",".join(map(str, settings.tensorrt.sequence_buckets))
+                if settings.engine.kind == "tensorrt"
+                else "",
+            }
+        ),
+        model_warmup=_text_warmup(stage.max_batch_size),
+    )
+
+
+def _engine_parameters(settings: Settings) -> dict[str, object]:
+    engine = settings.engine
+    options = {f"{OPTION_PREFIX}{key}": value for key, value in sorted(engine.options.items())}
+    return {"engine_kind": engine.kind, "precision": engine.precision, "threads": engine.threads, **options}
+
+
+def _text_limits(settings: Settings, spec: ServingSpec) -> dict[str, object]:
+    tokenizer = settings.tokenizer
+    return {
+        "max_tokens": settings.model.max_tokens,
+        "pad_token_id": spec.pad_token_id,
+        "max_text_bytes": tokenizer.max_text_bytes,
+        "max_request_bytes": tokenizer.max_request_bytes,
+    }
+
+
+def _text_warmup(max_batch_size: int) -> list[mc.ModelWarmup]:
+    return [
+        mc.ModelWarmup(
+            name=f"text_batch_{size}",
+            batch_size=size,
+            inputs={TEXT_INPUT: mc.ModelWarmup.Input(data_type=mc.TYPE_STRING, dims=[1], input_data_file=TEXT_INPUT)},
+        )
+        for size in sorted({1, min(8, max_batch_size)})
+    ]
+
+
+def _task_outputs(spec: ServingSpec) -> list[mc.ModelOutput]:
+    """What clients get back from the ensemble, whatever the topology: the task's outputs and each text's
+    token count (what usage.prompt_tokens of the OpenAI front reports)."""
+    tokens = _tensor(mc.ModelOutput, TOKENS_OUTPUT, mc.TYPE_INT32, [1])
+    if spec.task == "classification":
+        return [
+            _tensor(mc.ModelOutput, "label", mc.TYPE_STRING, [1]),
+            _tensor(mc.ModelOutput, "scores", mc.TYPE_FP32, [spec.output_size]),
+            tokens,
+        ]
+    return [_tensor(mc.ModelOutput, "embedding", mc.TYPE_FP32, [spec.output_size]), tokens]
+
+
+def one_stage_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
+    """The one-stage model, under the name clients call (`ensemble`): text in, the task's outputs out.
+
+    Instances, GPUs, queue delay and bounds come from [encoder], its batch limit from [ensemble]: it is at once
+    the most texts one request may carry and the most one execute() runs. A one-step Triton ensemble in front
+    would keep the two limits apart, but it cost 30 us of tritonserver CPU per request and 3-5 % throughput
+    on the H200 (docs/data-path.md, one stage or two)."""
+    config = _python_stage(
+        "ensemble",
+        settings.encoder,
+        input=[_tensor(mc.ModelInput, TEXT_INPUT, mc.TYPE_STRING, [1])],
+        output=_task_outputs(spec),
+        parameters=_parameters({**_text_limits(settings, spec), **_engine_parameters(settings)}),
+        model_warmup=_text_warmup(settings.ensemble.max_batch_size),
+    )
+    config.max_batch_size = settings.ensemble.max_batch_size
+    return config
+
+
+def encoder_config(settings: Settings, spec: ServingSpec, warmup_tokens: int) -> mc.ModelConfig:
+    stage = settings.encoder
+    ragged = {"allow_ragged_batch": True}
+    warmup_inputs = {
+        name: mc.ModelWarmup.Input(data_type=mc.TYPE_INT32, dims=[warmup_tokens], input_data_file=name)
+        for name in ENGINE_INPUTS
+    }
+    return _python_stage(
+        "encoder",
+        stage,
+        input=[_tensor(mc.ModelInput, name, mc.TYPE_INT32, [-1], **ragged) for name in ENGINE_INPUTS],
+        output=[_tensor(mc.ModelOutput, spec.output_name, mc.TYPE_FP32, [spec.output_size])],
+        parameters=_parameters(_engine_parameters(settings)),
+        model_warmup=[
+            mc.ModelWarmup(name=f"tokens_batch_{size}", batch_size=size, inputs=warmup_inputs)
+            for size in sorted({1, min(8, stage.max_batch_size)})
+        ],
+    )
+
+
+def tensorrt_encoder_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
+    """The encoder as a `tensorrt_plan` model: one profile per bucket, CUDA graphs per bucket and batch."""
+
+    stage, trt = settings.encoder, settings.tensorrt
+    plan_profiles = profiles(settings)
+    graphs = []
+    for length in trt.sequence_buckets if trt.cuda_graphs else ():
+        previous = 0
+        for batch in graph_batches(settings, length):
+            shape = {name: mc.ModelOptimizationPolicy.Cuda.GraphSpec.Shape(dim=[length]) for name in ENGINE_INPUTS}
+            graphs.append(
+                mc.ModelOptimizationPolicy.Cuda.GraphSpec(
+                    batch_size=batch,
+                    input=shape,
+                    graph_lower_bound=mc.ModelOptimizationPolicy.Cuda.GraphSpec.LowerBound(
+                        batch_size=previous + 1, input=shape
+                    ),
+                )
+            )
+            previous = batch
+    return mc.ModelConfig(
+        name="encoder",
+        platform="tensorrt_plan",
+        default_model_filename="model.plan",
+        max_batch_size=stage.max_batch_size,
+        input=[_tensor(mc.ModelInput, name, mc.TYPE_INT32, [-1]) for name in ENGINE_INPUTS],
+        output=[_tensor(mc.ModelOutput, spec.output_name, mc.TYPE_FP32, [spec.output_size])],
+        dynamic_batching=_batching(
+            stage, list(stage.preferred_batch_sizes) or sorted({p["opt"][0] for p in plan_profiles})
+        ),
+        # Every instance may use every profile: Triton's scheduler does not route requests by shape, so an
+        # instance pinned to one profile would fail requests of other lengths.
+        instance_group=[
+            mc.ModelInstanceGroup(
+                kind=mc.ModelInstanceGroup.KIND_GPU,
+                count=stage.instances,
+                gpus=list(stage.gpus),
+                profile=[str(i) for i in range(len(plan_profiles))],
+            )
+        ],
+        optimization=mc.ModelOptimizationPolicy(
+            cuda=mc.ModelOptimizationPolicy.Cuda(graphs=trt.cuda_graphs, graph_spec=graphs)
+        ),
+    )
+
+
+def postprocess_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
+    return _python_stage(
+        "postprocess",
+        settings.postprocess,
+        input=[_tensor(mc.ModelInput, "logits", mc.TYPE_FP32, [spec.output_size])],
+        output=[
+            _tensor(mc.ModelOutput, "scores", mc.TYPE_FP32, [spec.output_size]),
+            _tensor(mc.ModelOutput, "label", mc.TYPE_STRING, [1]),
+        ],
+    )
+
+
+def ensemble_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
+    """The two-stage ensemble clients call: text in, the task's outputs out."""
+    step = mc.ModelEnsembling.Step
+    steps = [
+        step(
+            model_name="tokenizer",
+            model_version=-1,
+            input_map={TEXT_INPUT: TEXT_INPUT},
+            output_map={name: name for name in (*ENGINE_INPUTS, TOKENS_OUTPUT)},
+        ),
+        step(
+            model_name="encoder",
+            model_version=-1,
+            input_map={name: name for name in ENGINE_INPUTS},
+            output_map={spec.output_name: spec.output_name},
+        ),
+    ]
+    if spec.task == "classification":
+        steps.append(
+            step(
+                model_name="postprocess",
+                model_version=-1,
+                input_map={"logits": "logits"},
+                output_map={"scores": "scores", "label": "label"},
+            )
+        )
+    return mc.ModelConfig(
+        name="ensemble",
+        platform="ensemble",
+        max_batch_size=settings.ensemble.max_batch_size,
+        input=[_tensor(mc.ModelInput, TEXT_INPUT, mc.TYPE_STRING, [1])],
+        output=_task_outputs(spec),
+        ensemble_scheduling=mc.ModelEnsembling(step=steps),
+    )
+
+
+def python_models(settings: Settings) -> list[str]:
+    """The models of the settings' repository that run as Python stubs, in data-path order."""
+    if settings.topology == "one_stage":
+        return ["ensemble"]
+    models = ["tokenizer"] + (["encoder"] if settings.engine.kind != "tensorrt" else [])
+    return models + (["postprocess"] if settings.model.task == "classification" else [])

@@ -1,0 +1,43 @@
+"""The one small interface every engine implements (Engine.forward_packed), and the packed layout it takes."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+import numpy as np
+
+from common.contract import ServingSpec
+
+
+class Engine(ABC):
+    """Runs the encoder and the task head on whole batches of unpadded token sequences.
+
+    `forward_packed` takes every sequence's token ids one after another (int32 [total tokens]) with each
+    sequence's length (int64 [sequences]), no padding, and returns one float32 row per sequence: the pooled
+    (and, per the spec, normalized) embedding, or the logits. How the batch is laid out for the model (padded
+    chunks, packed tokens) is the engine's own business.
+    """
+
+    def __init__(self, model_dir: Path, spec: ServingSpec, device: str, options: dict) -> None:
+        self.model_dir = Path(model_dir)
+        self.spec = spec
+        self.device = device
+        self.options = options
+        # Token positions the last forward() computed, its own padding included (for the padding metric).
+        self.computed_tokens = 0
+
+    @abstractmethod
+    def forward_packed(self, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray: ...
+
+    def forward(self, sequences: list[np.ndarray]) -> np.ndarray:
+        """forward_packed for a list of sequences, one int array each (tests, benchmarks)."""
+        return self.forward_packed(*pack_sequences(sequences))
+
+
+def pack_sequences(sequences: list) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, lengths), the packed layout of Engine.forward_packed, of a list of token sequences."""
+    lengths = np.fromiter(map(len, sequences), dtype=np.int64, count=len(sequences))
+    if not len(sequences):
+        return np.zeros(0, dtype=np.int32), lengths
+    return np.concatenate([np.asarray(row, dtype=np.int32) for row in sequences]), lengths

@@ -1,0 +1,43 @@
+"""Engine `onnxruntime_cpu`: the exported ONNX model (pooling and head included) on ONNX Runtime's CPU provider.
+
+ONNX Runtime needs rectangular [batch, sequence] inputs, so sequences are sorted by length and split into
+chunks, each padded to its own longest sequence (padding.plan_chunks), so a ragged batch spends little work
+on padding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+
+from common.contract import ENGINE_INPUTS
+from common.padding import pad_packed, plan_chunks
+
+from .base import Engine
+
+
+class OnnxRuntimeCpuEngine(Engine):
+    def __init__(self, model_dir, spec, device, options) -> None:
+        super().__init__(model_dir, spec, device, options)
+        session_options = ort.SessionOptions()
+        session_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        session_options.intra_op_num_threads = int(options.get("threads", 0))
+        session_options.inter_op_num_threads = 1
+        # Spinning worker threads would steal the cores the tokenizer and the server need between calls.
+        session_options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self.session = ort.InferenceSession(
+            str(self.model_dir / "model.onnx"), session_options, providers=["CPUExecutionProvider"]
+        )
+
+    def forward_packed(self, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        out = np.empty((len(lengths), self.spec.output_size), dtype=np.float32)
+        starts = np.cumsum(lengths) - lengths
+        order = np.argsort(lengths, kind="stable")
+        self.computed_tokens = 0
+        for start, stop in plan_chunks(lengths[order]):
+            chunk = order[start:stop]
+            padded, mask = pad_packed(ids, lengths[chunk], self.spec.pad_token_id, starts=starts[chunk])
+            self.computed_tokens += padded.size
+            (result,) = self.session.run(None, dict(zip(ENGINE_INPUTS, (padded, mask), strict=True)))
+            out[chunk] = result
+        return out

@@ -1,0 +1,234 @@
+"""OpenAI Triton kernels of the torch engine (torch_engine.py launches them), and their torch twins.
+
+The one place OpenAI Triton is imported, guarded: without it (a CPU-only torch) HAVE_TRITON is False, every
+kernel name is None and the engine uses torch ops (also when the kernels fail its start-up check; the
+torch_add_ln and torch_gelu below are two of them). Rows are tokens of the packed stream; HIDDEN is the
+hidden size, BLOCK_H its next power of two. The engine launches them on these grids:
+  embed_ln_kernel      (row blocks,)       ids, positions -> LayerNorm(word + position + type-0 embedding)
+  add_ln_kernel        (row blocks,)       Y <- LayerNorm(Y [+ R] [+ BIAS]) in place
+  gelu_kernel          (element blocks,)   X <- GELU(X) in place, erf or tanh
+  varlen_attn_kernel   (tiles, heads)      packed QKV [tokens, 3 * HIDDEN] -> OUT [tokens, HIDDEN], per sequence
+  pool_kernel          (sequences,)        X [tokens, HIDDEN], CU (cu_seqlens) -> OUT [sequences, HIDDEN]
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .base import pack_sequences
+from .torch_layout import length_class
+
+log = logging.getLogger(__name__)
+
+try:  # OpenAI Triton: optional. Without it (or if its kernels fail the start-up check) torch ops are used.
+    import triton
+    import triton.language as tl
+
+    HAVE_TRITON = True
+except Exception:  # pragma: no cover - depends on the machine
+    triton = None
+    tl = None
+    HAVE_TRITON = False
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def layer_norm_rows(x, G, B, cols, mask, cmask, eps, HIDDEN: tl.constexpr):
+        """LayerNorm of each row of the fp32 block x (masked columns ignored), with gain G and bias B."""
+        mean = tl.sum(x, axis=1) / HIDDEN
+        xc = tl.where(mask, x - mean[:, None], 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / HIDDEN + eps)
+        g = tl.load(G + cols, mask=cmask, other=0.0)
+        b = tl.load(B + cols, mask=cmask, other=0.0)
+        return xc * rstd[:, None] * g[None, :] + b[None, :]
+
+    @triton.jit
+    def row_block(n_rows, HIDDEN: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr):
+        """This program's BLOCK_R rows and the BLOCK_H columns, with their masks (rows, cols and both)."""
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        cols = tl.arange(0, BLOCK_H)
+        rmask = rows < n_rows
+        cmask = cols < HIDDEN
+        return rows, cols, rmask, cmask, rmask[:, None] & cmask[None, :]
+
+    @triton.jit
+    def embed_ln_kernel(
+        IDS, POS, WORD, POSW, TYPE0, G, B, OUT, n_rows, eps,
+        HIDDEN: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
+    ):  # fmt: skip
+        rows, cols, rmask, cmask, mask = row_block(n_rows, HIDDEN, BLOCK_H, BLOCK_R)
+        ids = tl.load(IDS + rows, mask=rmask, other=0).to(tl.int64)
+        pos = tl.load(POS + rows, mask=rmask, other=0).to(tl.int64)
+        x = tl.load(WORD + ids[:, None] * HIDDEN + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        x += tl.load(POSW + pos[:, None] * HIDDEN + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        x += tl.load(TYPE0 + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        y = layer_norm_rows(x, G, B, cols, mask, cmask, eps, HIDDEN)
+        out_rows = rows.to(tl.int64)[:, None] * HIDDEN
+        tl.store(OUT + out_rows + cols[None, :], y.to(OUT.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def add_ln_kernel(
+        Y, R, BIAS, G, B, n_rows, eps,
+        HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr,
+        HIDDEN: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
+    ):  # fmt: skip
+        """Y <- LayerNorm(Y [+ R] [+ BIAS]) in place, statistics in fp32."""
+        rows, cols, _, cmask, mask = row_block(n_rows, HIDDEN, BLOCK_H, BLOCK_R)
+        offs = rows.to(tl.int64)[:, None] * HIDDEN + cols[None, :]
+        x = tl.load(Y + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_RES:
+            x += tl.load(R + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            x += tl.load(BIAS + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        y = layer_norm_rows(x, G, B, cols, mask, cmask, eps, HIDDEN)
+        tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def gelu_kernel(X, n_elements, TANH: tl.constexpr, BLOCK: tl.constexpr):
+        """X <- GELU(X) in place (the bias was added by the GEMM epilogue), computed in fp32."""
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n_elements
+        x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+        if TANH:
+            inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+            t = 2.0 / (1.0 + tl.exp(-2.0 * inner)) - 1.0
+            y = 0.5 * x * (1.0 + t)
+        else:
+            y = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+        tl.store(X + offs, y.to(X.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def varlen_attn_kernel(
+        QKV, OUT, CU, TILE_SEQ, TILE_M, qk_scale, stride_qkv, stride_o,
+        HIDDEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ):  # fmt: skip
+        """One (query tile, head): softmax(Q K^T * scale) V over its own sequence of the packed stream.
+
+        QKV is the fused projection [T, 3 * HIDDEN] (q | k | v, heads contiguous inside each); the tile table
+        (TILE_SEQ, TILE_M) lists (sequence, first query row) pairs, -1 for unused slots.
+        """
+        tile = tl.program_id(0)
+        head = tl.program_id(1)
+        seq = tl.load(TILE_SEQ + tile)
+        if seq < 0:
+            return
+        m0 = tl.load(TILE_M + tile)
+        start = tl.load(CU + seq)
+        seqlen = tl.load(CU + seq + 1) - start
+        start = start.to(tl.int64)
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, HEAD_DIM)
+        mask_m = offs_m < seqlen
+        col = head * HEAD_DIM + offs_d[None, :]
+        q = tl.load(QKV + (start + offs_m)[:, None] * stride_qkv + col, mask=mask_m[:, None], other=0.0)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        for n0 in range(0, seqlen, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            mask_n = offs_n < seqlen
+            rows = (start + offs_n)[:, None] * stride_qkv + col
+            k = tl.load(QKV + HIDDEN + rows, mask=mask_n[:, None], other=0.0)
+            v = tl.load(QKV + 2 * HIDDEN + rows, mask=mask_n[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(k)) * qk_scale
+            s = tl.where(mask_n[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+        acc = acc / l_i[:, None]
+        out = OUT + (start + offs_m)[:, None] * stride_o + col
+        tl.store(out, acc.to(OUT.dtype.element_ty), mask=mask_m[:, None])
+
+    @triton.jit
+    def pool_kernel(
+        X, CU, OUT, HIDDEN: tl.constexpr, MODE: tl.constexpr, NORMALIZE: tl.constexpr,
+        BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+    ):  # fmt: skip
+        """One sequence: mean (0) | cls (1) | max (2) | mean_sqrt_len (3) over its own tokens, optional L2."""
+        seq = tl.program_id(0)
+        start = tl.load(CU + seq)
+        seqlen = tl.load(CU + seq + 1) - start
+        start = start.to(tl.int64)
+        cols = tl.arange(0, BLOCK_H)
+        cmask = cols < HIDDEN
+        if MODE == 1:
+            acc = tl.load(X + start * HIDDEN + cols, mask=cmask & (seqlen > 0), other=0.0).to(tl.float32)
+        elif MODE == 2:
+            acc = tl.full([BLOCK_H], float("-inf"), tl.float32)
+            for t0 in range(0, seqlen, BLOCK_T):
+                rows = t0 + tl.arange(0, BLOCK_T)
+                mask = (rows < seqlen)[:, None] & cmask[None, :]
+                x = tl.load(X + (start + rows)[:, None] * HIDDEN + cols[None, :], mask=mask, other=float("-inf"))
+                acc = tl.maximum(acc, tl.max(x.to(tl.float32), 0))
+            acc = tl.where(cmask & (seqlen > 0), acc, 0.0)
+        else:
+            acc = tl.zeros([BLOCK_H], tl.float32)
+            for t0 in range(0, seqlen, BLOCK_T):
+                rows = t0 + tl.arange(0, BLOCK_T)
+                mask = (rows < seqlen)[:, None] & cmask[None, :]
+                x = tl.load(X + (start + rows)[:, None] * HIDDEN + cols[None, :], mask=mask, other=0.0)
+                acc += tl.sum(x.to(tl.float32), 0)
+            n = tl.maximum(seqlen, 1).to(tl.float32)
+            if MODE == 0:  # noqa: SIM108 (constexpr branch)
+                acc = acc / n
+            else:
+                acc = acc / tl.sqrt(n)
+        if NORMALIZE:
+            norm = tl.sqrt(tl.sum(acc * acc, 0))
+            acc = acc / tl.maximum(norm, 1e-12)
+        tl.store(OUT + seq.to(tl.int64) * HIDDEN + cols, acc, mask=cmask)
+else:
+    row_block = layer_norm_rows = None
+    embed_ln_kernel = add_ln_kernel = gelu_kernel = varlen_attn_kernel = pool_kernel = None
+
+
+def torch_add_ln(y: torch.Tensor, res: torch.Tensor, g: torch.Tensor, b: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.layer_norm(y + res, (y.shape[-1],), g, b, eps)
+
+
+def torch_gelu(h: torch.Tensor, tanh: bool) -> torch.Tensor:
+    return F.gelu(h, approximate="tanh" if tanh else "none")
+
+
+class KernelCheck:
+    """The engine's start-up check of these kernels (on the GPU): against the torch ops, or off."""
+
+    @torch.inference_mode()
+    def _self_check(self) -> None:
+        """Runs each Triton kernel once on a small batch against the torch ops; falls back on failure."""
+        rng = np.random.default_rng(0)
+        seqs = [rng.integers(1000, 2000, size=int(n), dtype=np.int32) for n in (7, 33, 70)]
+        wanted = (self.kernels, self.attention)
+        fallback_attention = "flash" if self.dtype != torch.float32 else "sdpa"
+        try:
+            with torch.cuda.stream(self.stream):
+                fast = self._eager_reference(seqs)
+                self.kernels = "torch" if self.kernels == "triton" else self.kernels
+                self.attention = "sdpa" if self.attention == "triton" else self.attention
+                slow = self._eager_reference(seqs)
+            cos = F.cosine_similarity(fast.float(), slow.float(), dim=-1).min().item()
+            if not cos > 0.99:
+                raise RuntimeError(f"Triton kernels disagree with torch ops (cosine {cos:.4f})")
+            self.kernels, self.attention = wanted
+        except Exception as exc:  # pragma: no cover - only on machines whose Triton is broken
+            log.warning(
+                "OpenAI Triton kernels unusable (%s); using torch ops and %s attention", exc, fallback_attention
+            )
+            self.kernels = "torch" if wanted[0] == "triton" else wanted[0]
+            self.attention = fallback_attention if wanted[1] == "triton" else wanted[1]
+
+    def _eager_reference(self, sequences) -> torch.Tensor:
+        ids, lens = pack_sequences(sequences)
+        longest = int(lens.max())
+        out = self._encode_eager(
+            ids, lens, max(longest, length_class(longest, bool(self.tile_block), self.max_positions))
+        )
+        torch.cuda.synchronize(self.torch_device)
+        return out

@@ -1,0 +1,96 @@
+"""The packed batch of the torch engine: one int32 buffer per batch, and the buckets graphs are kept for.
+
+Layout of one batch of `seqs` sequence slots and `tokens` token slots (a CUDA-graph bucket is larger than
+the batch it runs; its tail tokens belong to no sequence):
+  ids [tokens] | cu_seqlens [seqs + 1] | tile_seq [cap] | tile_m [cap]
+The tile arrays drive the Triton attention kernel (one program per BLOCK_M query rows of one sequence);
+block_m = 0 means another attention and no tiles.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from common.padding import plan_chunks
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def tile_cap(tokens: int, seqs: int, block_m: int) -> int:
+    """Query tiles a batch of this size can need at most (each sequence adds at most one partial tile)."""
+    return seqs + tokens // block_m + 1 if block_m else 0
+
+
+def layout_size(tokens: int, seqs: int, block_m: int) -> int:
+    """int32 words of one packed batch."""
+    return tokens + seqs + 1 + 2 * tile_cap(tokens, seqs, block_m)
+
+
+def token_bucket(tokens: int, buckets_per_octave: int) -> int:
+    """The token count of the graph bucket that holds `tokens`: buckets_per_octave steps per power of two."""
+    if tokens <= 64:
+        return 64
+    shift = max(6, tokens.bit_length() - 1 - max(0, buckets_per_octave.bit_length() - 1))
+    granule = 1 << shift
+    return -(-tokens // granule) * granule
+
+
+def length_class(max_len: int, tiled: bool, max_positions: int) -> int:
+    """The longest sequence a graph is captured for (the tiled Triton attention needs none: 0)."""
+    if tiled:
+        return 0
+    return 128 if max_len <= 128 else min(next_pow2(max_len), max(max_positions, max_len))
+
+
+def pack(buf: np.ndarray, ids: np.ndarray, lens: np.ndarray, tokens: int, seqs: int, block_m: int) -> None:
+    """Writes one packed batch into buf (layout_size(tokens, seqs, block_m) words): ids, then the bucket's tail."""
+    n = len(lens)
+    total = len(ids)
+    buf[:total] = ids
+    buf[total:tokens] = 0
+    cu = buf[tokens : tokens + seqs + 1]
+    cu[0] = 0
+    cu[1 : n + 1] = np.cumsum(lens)
+    cu[n + 1 :] = total
+    cap = tile_cap(tokens, seqs, block_m)
+    if cap:
+        per = (lens + block_m - 1) // block_m
+        n_tiles = int(per.sum())
+        tile_seq = buf[tokens + seqs + 1 : tokens + seqs + 1 + cap]
+        tile_m = buf[tokens + seqs + 1 + cap : tokens + seqs + 1 + 2 * cap]
+        tile_seq[:n_tiles] = np.repeat(np.arange(n, dtype=np.int32), per)
+        tile_seq[n_tiles:] = -1
+        first = np.cumsum(per) - per
+        tile_m[:n_tiles] = (np.arange(n_tiles) - np.repeat(first, per)) * block_m
+        tile_m[n_tiles:] = 0
+
+
+def views(dev: torch.Tensor, tokens: int, seqs: int, block_m: int):
+    """(ids, cu_seqlens, (tile_seq, tile_m) or None) over a packed batch on the device."""
+    cap = tile_cap(tokens, seqs, block_m)
+    ids = dev[:tokens]
+    cu = dev[tokens : tokens + seqs + 1]
+    tiles = None
+    if cap:
+        o = tokens + seqs + 1
+        tiles = (dev[o : o + cap], dev[o + cap : o + 2 * cap])
+    return ids, cu, tiles
+
+
+def cpu_chunks(lens: np.ndarray) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(gather, real, targets) per chunk of the length-sorted batch (padding.plan_chunks): the packed row each
+    grid slot reads (padding slots read the zero row past the end), which slots are real, and the packed
+    rows the real slots' results go to."""
+    starts, total = np.cumsum(lens) - lens, int(lens.sum())
+    order = np.argsort(lens, kind="stable")
+    chunks = []
+    for start, stop in plan_chunks(lens[order]):
+        rows = order[start:stop]
+        positions = np.arange(int(lens[rows].max()))
+        real = positions[None, :] < lens[rows][:, None]
+        gather = np.where(real, starts[rows][:, None] + positions[None, :], total)
+        chunks.append(tuple(torch.from_numpy(a) for a in (gather.reshape(-1), real, gather[real])))
+    return chunks

@@ -1,0 +1,74 @@
+"""The one-stage Triton model, served as `ensemble`: text -> embedding, or label and scores, in one stub.
+
+The whole data path of a dynamic batch in one execute(): every text of every request is tokenized in one
+call (text_tokenizer.TextTokenizer: packed ids, no padding), the engine runs those packed ids at once, and
+each request gets its own rows back. Nothing crosses a process boundary between tokenizing and encoding,
+which in the two-stage topology (tokenizer -> encoder) costs a stub round trip and a padded copy per
+request. A request over tokenizer.max_text_bytes or max_request_bytes, or with invalid UTF-8, fails with
+INVALID_ARG before anything is decoded; the other requests of the batch are served.
+
+Custom metrics (stage_metrics.py, sent about once a second), with the two stages' names so that dashboards
+read either topology: bert_tokenizer_{requests,tokens}_total, bert_tokenizer_texts_per_execute,
+bert_encoder_sequences_per_execute, bert_encoder_{real,padded}_tokens_total.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from common.contract import TEXT_INPUT, TOKENS_OUTPUT
+
+from .classification import label_array, scores_and_labels
+from .model_args import engine_from_args, instance_count, model_config
+from .stage_metrics import StageMetrics, encoder_counts, encoder_metrics, tokenizer_counts, tokenizer_metrics
+from .text_input import TextInput
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        config, params, version_dir = model_config(args)
+        self.text = TextInput(version_dir, params, instance_count(config))
+        self.engine = engine_from_args(args, params)
+        spec = self.engine.spec
+        self.labels = label_array(spec.labels) if spec.task == "classification" else None
+        self._create_metrics(args, int(config["max_batch_size"]))
+        gc.freeze()  # what loading made lives on: later collections need not scan it
+
+    def _create_metrics(self, args: dict, max_batch_size: int) -> None:
+        declared = {**tokenizer_metrics(max_batch_size), **encoder_metrics(max_batch_size)}
+        self._metrics = StageMetrics(pb_utils, "pipeline", args, declared)
+
+    def execute(self, requests: list) -> list:
+        raws = [pb_utils.get_input_tensor_by_name(request, TEXT_INPUT).as_numpy() for request in requests]
+        texts, parts = self.text.gather(raws)
+        ids, lengths = self.text.tokenizer.encode(texts)
+        outputs = self.engine.forward_packed(ids, lengths) if texts else None
+        self._record(len(requests), lengths)
+        if self.labels is not None and texts:
+            outputs = scores_and_labels(outputs, self.labels)
+        tokens = lengths.astype(np.int32).reshape(-1, 1)
+        responses = []
+        for part in parts:
+            if isinstance(part, str):
+                error = pb_utils.TritonError(part, pb_utils.TritonError.INVALID_ARG)
+                responses.append(pb_utils.InferenceResponse(error=error))
+                continue
+            if self.labels is None:
+                tensors = [pb_utils.Tensor("embedding", outputs[part])]
+            else:
+                tensors = [pb_utils.Tensor("scores", outputs[0][part]), pb_utils.Tensor("label", outputs[1][part])]
+            tensors.append(pb_utils.Tensor(TOKENS_OUTPUT, tokens[part]))
+            responses.append(pb_utils.InferenceResponse(tensors))
+        return responses
+
+    def _record(self, requests: int, lengths: np.ndarray) -> None:
+        values = tokenizer_counts(requests, lengths)
+        if len(lengths):
+            values |= encoder_counts(len(lengths), int(lengths.sum()), self.engine.computed_tokens)
+        self._metrics.add(values)
+
+    def finalize(self) -> None:
+        self._metrics.close()

@@ -1,0 +1,3 @@
+from serving.api.app import main
+
+main()

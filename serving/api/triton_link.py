@@ -1,0 +1,108 @@
+"""TritonLink: the API front's asynchronous, pooled gRPC calls to tritonserver's `ensemble`.
+
+Requests and responses are raw protobufs (protocol/kserve_grpc.py). Several channels per process (grpc.aio,
+round robin) keep one HTTP/2 connection from serializing every stream of a busy worker. A call with more
+texts than the model's max_batch_size, or more bytes than tokenizer.max_request_bytes, goes as several
+concurrent requests whose outputs are put back in order.
+
+Triton's answers become one of four errors the front words for its clients: BadInput (the texts were
+refused: INVALID_ARGUMENT), Overloaded (the model's queue is full: UNAVAILABLE "exceeds maximum queue size")
+NotReady (nothing answers, the server is stopping, or a Python stage is being restarted) and TimedOut.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Sequence
+
+import grpc
+import numpy as np
+
+from protocol.kserve_grpc import (
+    GRPC_CHANNEL_ARGS,
+    MODEL_INFER,
+    TRANSIENT_MESSAGES,
+    decode_response,
+    encoded_infer_request,
+)
+
+MODEL = "ensemble"
+
+
+class TritonError(Exception):
+    """A call tritonserver did not answer with outputs."""
+
+
+class BadInput(TritonError):
+    pass
+
+
+class Overloaded(TritonError):
+    pass
+
+
+class NotReady(TritonError):
+    pass
+
+
+class TimedOut(TritonError):
+    pass
+
+
+def chunk_bounds(sizes: Sequence[int], max_texts: int, max_bytes: int) -> list[slice]:
+    """Consecutive runs of texts (by UTF-8 size) with at most max_texts texts and max_bytes bytes each; a
+    single text over max_bytes gets a run of its own (Triton refuses it, naming its limit)."""
+    bounds, start, total = [], 0, 0
+    for index, size in enumerate(sizes):
+        if index > start and (index - start == max_texts or total + size > max_bytes):
+            bounds.append(slice(start, index))
+            start, total = index, 0
+        total += size
+    bounds.append(slice(start, len(sizes)))
+    return bounds
+
+
+def _error(exc: grpc.aio.AioRpcError) -> TritonError:
+    code, message = exc.code(), exc.details() or ""
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return BadInput(message)
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return TimedOut(message)
+    if code == grpc.StatusCode.UNAVAILABLE and "queue" in message:
+        return Overloaded(message)
+    if code == grpc.StatusCode.UNAVAILABLE or any(text in message for text in TRANSIENT_MESSAGES):
+        return NotReady(message)
+    return TritonError(f"{code.name}: {message}")
+
+
+class TritonLink:
+    """gRPC to tritonserver at `target` (host:port) from one process, created inside its event loop."""
+
+    def __init__(self, target: str, channels: int, max_texts: int, max_bytes: int, timeout_s: float) -> None:
+        self.max_texts, self.max_bytes, self.timeout_s = max_texts, max_bytes, timeout_s
+        self._channels = [grpc.aio.insecure_channel(target, options=GRPC_CHANNEL_ARGS) for _ in range(channels)]
+        self._calls = itertools.cycle(
+            [
+                channel.unary_unary(MODEL_INFER, response_deserializer=lambda data: data)  # decoded below
+                for channel in self._channels
+            ]
+        )
+
+    async def _call(self, encoded: Sequence[bytes], outputs: Sequence[str]) -> dict[str, np.ndarray]:
+        try:
+            data = await next(self._calls)(encoded_infer_request(MODEL, encoded, outputs), timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise _error(exc) from None
+        return decode_response(data)
+
+    async def infer(self, encoded: Sequence[bytes], outputs: Sequence[str]) -> dict[str, np.ndarray]:
+        """The ensemble's `outputs` for texts already UTF-8, one row per text in order."""
+        bounds = chunk_bounds([len(data) for data in encoded], self.max_texts, self.max_bytes)
+        if len(bounds) == 1:
+            return await self._call(encoded, outputs)
+        parts = await asyncio.gather(*(self._call(encoded[bound], outputs) for bound in bounds))
+        return {name: np.concatenate([part[name] for part in parts]) for name in outputs}
+
+    async def close(self) -> None:
+        await asyncio.gather(*(channel.close() for channel in self._channels))

@@ -1,0 +1,3 @@
+from serving.http_front.proxy import main
+
+main()

@@ -1,0 +1,201 @@
+"""The HTTP front: the one process between HTTP clients and tritonserver's own HTTP port.
+
+tritonserver 2.51 parses whatever reaches its HTTP port, and some bodies kill it: one over ~4 MiB sent as
+application/x-www-form-urlencoded (what `curl -d` sends) ends it with SIGSEGV, whatever the URL (upstream
+server issue 5840). So the launcher binds Triton's HTTP to 127.0.0.1:front.triton_http_port and this front
+listens on server.http_port. For each request it
+
+- answers 413 to a body over front.max_body_bytes: by its Content-Length before reading it, or as soon as a
+  chunked body passes the bound;
+- inflates a gzip or deflate body itself, within the same bound (Triton would inflate it without one), and
+  refuses other encodings with 415;
+- forwards every body as application/json, or as application/octet-stream when it carries Triton's
+  binary-data header, so no form parser runs in Triton; multipart bodies get 415;
+- answers 400, not Triton's 500, when an inference request is not JSON of the KServe v2 shape (checked only
+  after Triton answered 500, so a good request pays nothing for it);
+- answers 503 while tritonserver is down (the launcher starts it again).
+
+gRPC does not pass here: Triton's gRPC server took 8.3 MB messages without harm. `python -m
+serving.http_front` runs one worker; the launcher runs front.workers of them on one port (SO_REUSEPORT)
+and starts a dead one again (serving/workers.py FrontWorkers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+
+import aiohttp
+from aiohttp import web
+
+BINARY_HEADER = "Inference-Header-Content-Length"  # Triton's binary tensor data extension
+# Not forwarded either way: connection-level headers, and those the front sets itself.
+DROPPED = frozenset(
+    h.lower()
+    for h in (
+        "Connection",
+        "Keep-Alive",
+        "Proxy-Connection",
+        "TE",
+        "Trailer",
+        "Transfer-Encoding",
+        "Upgrade",
+        "Expect",
+        "Host",
+        "Content-Length",
+    )
+)
+INFER_PATH = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$")
+UPSTREAM = web.AppKey("upstream", str)
+LIMIT = web.AppKey("limit", int)
+SESSION = web.AppKey("session", aiohttp.ClientSession)
+
+
+class BodyError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def error(status: int, message: str) -> web.Response:
+    """An error as tritonserver words its own: {"error": "..."}."""
+    return web.json_response({"error": message}, status=status)
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    if request.content_length is not None and request.content_length > limit:
+        raise BodyError(413, f"the body has {request.content_length} bytes; front.max_body_bytes is {limit}")
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("identity", "", "gzip", "deflate"):
+        raise BodyError(415, f"Content-Encoding {encoding!r} is not accepted: send gzip, deflate or identity")
+    if request.headers.get("Content-Type", "").lower().startswith("multipart/"):
+        raise BodyError(415, "multipart bodies are not part of Triton's protocol: send JSON (application/json)")
+    try:
+        body = await request.read()  # aiohttp inflates gzip and deflate as it reads: the bound holds for that too
+    except web.HTTPRequestEntityTooLarge:
+        raise BodyError(413, f"the body passed front.max_body_bytes = {limit} bytes") from None
+    return body
+
+
+def _leaves(data):
+    if isinstance(data, list):
+        for item in data:
+            yield from _leaves(item)
+    else:
+        yield data
+
+
+def infer_request_problem(body: bytes, binary_header: str | None) -> str | None:
+    """What makes an inference request malformed (not JSON, not the v2 shape, data of the wrong type), or None."""
+    if binary_header is not None:
+        if not binary_header.isdigit() or int(binary_header) > len(body):
+            return f"{BINARY_HEADER} must be the byte length of the JSON header at the start of the body"
+        body = body[: int(binary_header)]
+    try:
+        request = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return f"the body is not JSON ({exc})"
+    if not isinstance(request, dict) or not isinstance(request.get("inputs"), list) or not request["inputs"]:
+        return "the body must be a JSON object with a non-empty list 'inputs'"
+    for index, tensor in enumerate(request["inputs"]):
+        if not isinstance(tensor, dict):
+            return f"inputs[{index}] must be an object with name, datatype, shape and data"
+        for key, kind in (("name", str), ("datatype", str), ("shape", list)):
+            if not isinstance(tensor.get(key), kind):
+                return f"inputs[{index}].{key} must be a {kind.__name__ if kind is str else 'list'}"
+        if "data" not in tensor:
+            continue
+        datatype = tensor["datatype"]
+        for leaf in _leaves(tensor["data"]):
+            if datatype == "BYTES":
+                good = isinstance(leaf, str)
+            elif datatype == "BOOL":
+                good = isinstance(leaf, bool)
+            else:
+                good = isinstance(leaf, int | float) and not isinstance(leaf, bool)
+            if not good:
+                return f"inputs[{index}].data holds {json.dumps(leaf)[:40]}, which is not of datatype {datatype}"
+    return None
+
+
+async def forward(request: web.Request) -> web.Response:
+    try:
+        body = await read_body(request, request.app[LIMIT])
+    except BodyError as exc:
+        refused = error(exc.status, str(exc))
+        refused.force_close()  # the rest of the body is not read (nor decoded): this connection ends here
+        return refused
+    headers = {name: value for name, value in request.headers.items() if name.lower() not in DROPPED}
+    headers.pop("Content-Encoding", None)  # the body was inflated as it was read
+    binary_header = request.headers.get(BINARY_HEADER)
+    if body:
+        headers["Content-Type"] = "application/octet-stream" if binary_header is not None else "application/json"
+    else:
+        headers.pop("Content-Type", None)
+    url = request.app[UPSTREAM] + request.raw_path
+    try:
+        async with request.app[SESSION].request(request.method, url, data=body, headers=headers) as upstream:
+            data = await upstream.read()
+    except aiohttp.ClientConnectionError:
+        return error(503, "tritonserver is not running (the launcher is starting it again): retry shortly")
+    status = upstream.status
+    if status == 500 and request.method == "POST" and INFER_PATH.match(request.path):
+        problem = infer_request_problem(body, binary_header)
+        if problem:
+            return error(400, f"{problem}; tritonserver said: {_error_text(data)}")
+    response_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in DROPPED}
+    return web.Response(status=status, body=data, headers=response_headers)
+
+
+def _error_text(data: bytes) -> str:
+    try:
+        return str(json.loads(data)["error"])
+    except (ValueError, KeyError, TypeError):
+        return data[:200].decode(errors="replace")
+
+
+def make_app(upstream: str, max_body_bytes: int) -> web.Application:
+    """The front's aiohttp application: every path and method goes to tritonserver at upstream (host:port)."""
+    app = web.Application(client_max_size=max_body_bytes)
+    app[UPSTREAM] = f"http://{upstream}"
+    app[LIMIT] = max_body_bytes
+
+    async def session(app: web.Application):
+        # Responses pass through as Triton encoded them (auto_decompress off), so Triton may compress only what
+        # the client asked to be compressed: no Accept-Encoding of aiohttp's own. Idle pooled connections close
+        # after a second: Triton's shutdown waits for its HTTP connections to go (up to its exit timeout).
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=1.0)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=2)
+        async with aiohttp.ClientSession(
+            connector=connector,
+            timeout=timeout,
+            auto_decompress=False,
+            skip_auto_headers=("Accept-Encoding", "User-Agent"),
+        ) as client:
+            app[SESSION] = client
+            yield
+
+    app.cleanup_ctx.append(session)
+    app.router.add_route("*", "/{path:.*}", forward)
+    return app
+
+
+def command(host: str, port: int, upstream_port: int, max_body_bytes: int) -> list[str]:
+    """One worker's command line (after the interpreter), as FrontWorkers runs it."""
+    return [
+        "-m", "serving.http_front", "--host", host, "--port", str(port),
+        "--upstream", f"127.0.0.1:{upstream_port}", "--max-body-bytes", str(max_body_bytes),
+    ]  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m serving.http_front", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--upstream", required=True, help="tritonserver's HTTP, host:port")
+    parser.add_argument("--max-body-bytes", type=int, required=True)
+    args = parser.parse_args(argv)
+    app = make_app(args.upstream, args.max_body_bytes)
+    # The launcher stops the front after tritonserver: whatever is still in flight then is answered 503 at once.
+    web.run_app(app, host=args.host, port=args.port, reuse_port=True, access_log=None, print=None, shutdown_timeout=5)

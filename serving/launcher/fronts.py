@@ -1,0 +1,52 @@
+"""What the launcher starts beside tritonserver, each once its ports are known to be free (so that a second
+`make serve` names the busy port and leaves nothing behind), each returned to the caller that keeps it: the
+HTTP front on server.http_port, the API front's workers on api.port, and the metrics port."""
+
+from __future__ import annotations
+
+import threading
+
+from serving.api import app as api_front
+from serving.http_front import proxy as http_front
+from serving.launcher.metrics_port import MetricsProxy
+from serving.launcher.tritonserver import TritonServer
+from serving.processes import require_free_port
+from serving.workers import FrontWorkers
+from settings import Settings
+
+
+def start_http_front(server: TritonServer, settings: Settings) -> FrontWorkers:
+    """The HTTP front's workers on server.http_port, before tritonserver's own HTTP on loopback."""
+    require_free_port(server.host, server.ports.http, "server.http_port")
+    server.check_ports()
+    front = settings.front
+    arguments = http_front.command(server.host, server.ports.http, server.ports.triton_http, front.max_body_bytes)
+    return FrontWorkers("HTTP front", arguments, front.workers, server.host, server.ports.http).start()
+
+
+def start_api_front(server: TritonServer, settings: Settings) -> FrontWorkers:
+    """The API front's workers on ports.api, calling this server's gRPC; its /health asks the launcher's /ready."""
+    ports = server.ports
+    require_free_port(server.host, ports.api, "api.port")
+    arguments = api_front.command(
+        settings.path,
+        server.repository,
+        server.host,
+        ports.api,
+        f"127.0.0.1:{ports.grpc}",
+        f"http://127.0.0.1:{ports.health}/ready",
+        f"http://127.0.0.1:{ports.metrics}/metrics",
+    )
+    return FrontWorkers("API front", arguments, settings.api.workers, server.host, ports.api).start()
+
+
+def start_metrics_port(server: TritonServer) -> MetricsProxy:
+    """The metrics port, served by the launcher so that it answers while tritonserver restarts; tritonserver's
+    own metrics go to 127.0.0.1:ports.triton_metrics. Its ports are checked first, so that a busy one is
+    named in the order the settings list them."""
+    server.check_ports()
+    metrics_host, metrics_port = server.ports.triton_metrics_address(server.host)
+    proxy = MetricsProxy(server.host, server.ports.metrics, (metrics_host, metrics_port))
+    print(f"launcher: {proxy.describe()}", flush=True)
+    threading.Thread(target=proxy.serve_forever, name="metrics", daemon=True).start()
+    return proxy

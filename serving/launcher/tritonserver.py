@@ -1,0 +1,286 @@
+"""TritonServer: one tritonserver child process, from its command line to its exit.
+
+start() runs it (where it comes from and what is checked first: triton_install.py; its flags:
+triton_command.py) and waits until the ensemble is ready, then runs a StubWatchdog (watchdog.py) that reloads
+a stage whose stub died; problems() says what keeps it from serving; shut_down() lets the requests in flight
+finish before Triton gets SIGTERM; reap() ends what it leaves behind (stubs, shared memory). Whether it is
+started again after it dies, and whether the launcher is draining, is the Supervisor's (supervision.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import secrets
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+from serving.launcher.procfs import stubs, stubs_cpu_s
+from serving.launcher.shm import remove_regions
+from serving.launcher.triton_command import Ports, server_command
+from serving.launcher.triton_install import (
+    check_stub_python,
+    check_tensorrt_plans,
+    prebuilt_triton,
+    prepare_backends,
+    stub_environment,
+    triton_home,
+)
+from serving.launcher.watchdog import StubWatchdog
+from serving.processes import ServerError, die_with_parent, require_free_port
+from settings import Settings
+
+# CPU seconds the stubs may use while the server counts as idle (the metrics threads wake once a second).
+STUB_BUSY_CPU_S = 0.02
+
+
+def between_steps(steps: list[str], counts: dict[str, tuple[int, int]]) -> int:
+    """Requests an ensemble step passed on that the next step has not finished (queued or running there),
+    from (succeeded, failed) counts per model."""
+    zero = (0, 0)
+    return sum(counts.get(a, zero)[0] - sum(counts.get(b, zero)) for a, b in itertools.pairwise(steps))
+
+
+class TritonServer:
+    """A tritonserver child process; `with TritonServer(...) as server:` waits until the ensemble is ready.
+
+    Once ready, a StubWatchdog restarts a stage whose stub died (server.watchdog_interval_s > 0)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        repository: Path | None = None,
+        ports: Ports | None = None,
+        host: str | None = None,
+        work_dir: Path | None = None,
+        console_log: bool = False,
+    ) -> None:
+        """work_dir (default: the settings' build dir) holds the prepared backends folder and the log, so
+        several servers can run side by side from one settings object; with console_log Triton logs to
+        this process's stdout instead (the launcher: container logs, read-only root filesystem)."""
+        self.settings = settings
+        self.repository = repository or settings.repository_dir
+        self.ports = ports or Ports.of(settings)
+        self.host = host or settings.server.host
+        self.work_dir = work_dir or settings.build_dir
+        self.log_path = None if console_log else self.work_dir / "tritonserver.log"
+        self.admin_key = secrets.token_urlsafe(24)
+        self.process: subprocess.Popen | None = None
+        self.watchdog: StubWatchdog | None = None
+        self.stub_restarts: Counter = Counter()  # per model, over every tritonserver this object ran
+        self.regions: set[str] = set()  # shared-memory regions of this tritonserver's stubs (the watchdog adds more)
+        self.started = False  # this tritonserver came up (and the watchdog runs)
+        self._shutting_down = threading.Lock()  # held by the one shut_down() that runs
+
+    @property
+    def http_url(self) -> str:
+        """tritonserver's own HTTP (behind the front when there is one)."""
+        host, port = self.ports.triton_http_address(self.host)
+        return f"{host}:{port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.ports.grpc}"
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        if not (self.repository / "ensemble" / "config.pbtxt").is_file():
+            raise ServerError(f"{self.repository} is not a generated model repository: run `make repo` first")
+        check_tensorrt_plans(self.repository)
+        env = stub_environment()
+        _, version = check_stub_python(env)
+        prebuilt = prebuilt_triton()
+        if prebuilt:
+            binary, backends = prebuilt
+        else:
+            binary = triton_home() / "bin" / "tritonserver"
+            backends = prepare_backends(self.work_dir, version)
+        exit_timeout_s = self.settings.server.exit_timeout_s
+        command = server_command(
+            binary,
+            self.repository,
+            backends,
+            self.ports,
+            self.host,
+            exit_timeout_s,
+            self.admin_key,
+            self.settings.encoder.gpus,
+        )
+        return command, env
+
+    def check_ports(self) -> None:
+        """Refuse, naming the port and its setting, when something already listens on one of Triton's ports
+        (a second `make serve`, say): otherwise tritonserver starts its stubs and only then fails."""
+        http_host, http_port = self.ports.triton_http_address(self.host)
+        metrics_host, metrics_port = self.ports.triton_metrics_address(self.host)
+        metrics_setting = "--triton-metrics-port" if self.ports.triton_metrics else "server.metrics_port"
+        checks = [
+            (http_host, http_port, "front.triton_http_port" if self.ports.triton_http else "server.http_port"),
+            (self.host, self.ports.grpc, "server.grpc_port"),
+            (metrics_host, metrics_port, metrics_setting),
+        ]
+        for host, port, setting in checks:
+            require_free_port(host, port, setting)
+
+    def start(self, timeout_s: float = 180.0) -> TritonServer:
+        self.started = False
+        self._shutting_down = threading.Lock()
+        command, env = self.command()
+        self.check_ports()
+        # A session of its own: a terminal's Ctrl-C reaches the launcher only (which drains), and every process
+        # Triton starts (the stubs) is in its process group, so reap() can end what outlives it.
+        spawn = {"env": env, "preexec_fn": die_with_parent, "start_new_session": True}
+        if not self.settings.encoder.gpus:
+            print(
+                "launcher: CPU only (encoder.gpus is empty): Triton still logs one line"
+                ' "CudaDriverHelper has not been initialized." here; it is harmless',
+                flush=True,
+            )
+        if self.log_path is None:
+            self.process = subprocess.Popen(command, **spawn)
+        else:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.log_path.open("wb") as log_file:  # the child keeps its own descriptor
+                self.process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, **spawn)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ServerError(f"tritonserver exited with {self.process.returncode}; {self._log_tail()}")
+            if self.model_ready("ensemble"):
+                self.regions = {stub.region for stub in stubs(self.process.pid)}
+                interval = self.settings.server.watchdog_interval_s
+                if interval > 0:
+                    self.watchdog = StubWatchdog(self.process.pid, self.http_url, self.admin_key, interval).start()
+                self.started = True
+                return self
+            time.sleep(0.25)
+        self.stop()
+        raise ServerError(f"tritonserver not ready after {timeout_s:.0f} s; {self._log_tail()}")
+
+    def _log_tail(self, lines: int = 40) -> str:
+        if self.log_path is None:
+            return "its log is above"
+        tail = self.log_path.read_text(errors="replace").splitlines()[-lines:]
+        return f"last lines of {self.log_path}:\n" + "\n".join(tail)
+
+    def model_ready(self, model: str) -> bool:
+        return self._http_ok(f"/v2/models/{model}/ready")
+
+    def _http_ok(self, path: str) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}{path}", timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
+    def problems(self) -> list[str]:
+        """What keeps this tritonserver from serving (none: it serves)."""
+        if self.process is None or self.process.poll() is not None:
+            return ["tritonserver is not running"]
+        if not self.started:
+            return ["tritonserver is starting"]
+        problems = [] if self._http_ok("/v2/health/ready") else ["tritonserver is not ready"]
+        return problems + (self.watchdog.problems() if self.watchdog else [])
+
+    def stub_restarts_by_model(self) -> Counter:
+        """Reloads of a model after one of its stubs died, over every tritonserver this object ran."""
+        counts = Counter(self.stub_restarts)
+        if self.watchdog:
+            counts.update(restart.model for restart in self.watchdog.restarts)
+        return counts
+
+    def shut_down(self, quiet_s: float = 1.0) -> None:
+        """No more stub restarts; wait until no request is between two stages, none has completed and no stub
+        has used CPU for quiet_s (at most server.exit_timeout_s); then SIGTERM Triton and wait for its exit.
+
+        Why wait here: on SIGTERM Triton 2.51 finishes the model executions running, but refuses the next
+        step of an ensemble request already in flight ("Server is stopping, scheduler for model has stopped
+        accepting new inference requests") and then closes the streams of the rest. The stubs' CPU tells an
+        execute() that runs longer than quiet_s (one stage: a whole request in one execute) from an idle one.
+        Only the first call does it; a second one returns at once."""
+        if not self._shutting_down.acquire(blocking=False):
+            return
+        if self.watchdog:
+            self.watchdog.stop()
+        deadline = time.monotonic() + self.settings.server.exit_timeout_s
+        config = self._get_json("/v2/models/ensemble/config") or {}
+        steps = [step["model_name"] for step in config.get("ensemble_scheduling", {}).get("step", [])]
+        last, quiet_since = None, time.monotonic()
+        while time.monotonic() < deadline and self.process and self.process.poll() is None:
+            counts, cpu = self._stage_counts(), stubs_cpu_s(self.process.pid)
+            if counts is None or last is None or counts != last[0] or cpu - last[1] > STUB_BUSY_CPU_S:
+                last, quiet_since = (counts, cpu), time.monotonic()
+            elif time.monotonic() - quiet_since >= quiet_s and not between_steps(steps, counts):
+                break
+            time.sleep(0.1)
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            # Triton has exit_timeout_s to finish; one that crashed in its own shutdown can hang in its signal
+            # handler (seen: SIGSEGV and SIGABRT after "Exit timeout expired"), so it gets SIGKILL after that.
+            try:
+                self.process.wait(timeout=self.settings.server.exit_timeout_s + 10)
+            except subprocess.TimeoutExpired:
+                print("launcher: tritonserver did not exit after SIGTERM; killing it", flush=True)
+                self.process.kill()
+
+    def _get_json(self, path: str) -> dict | None:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}{path}", timeout=2) as response:
+                return json.loads(response.read())
+        except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
+            return None
+
+    def _stage_counts(self) -> dict[str, tuple[int, int]] | None:
+        """(succeeded, failed) requests per model, from Triton's statistics API."""
+        stats = self._get_json("/v2/models/stats")
+        if stats is None:
+            return None
+        return {
+            model["name"]: (model["inference_stats"]["success"]["count"], model["inference_stats"]["fail"]["count"])
+            for model in stats["model_stats"]
+        }
+
+    def reap(self) -> None:
+        """After tritonserver exited: end what it left running in its process group (stubs of a model version
+        Triton never finished unloading, which outlive it and ignore SIGTERM), then remove the shared-memory
+        regions of every stub it ran (16 MiB each; a killed stub's region outlives it)."""
+        if self.process is None or self.process.poll() is None:
+            return
+        regions = set(self.regions)
+        if self.watchdog:
+            self.watchdog.stop()
+            self.stub_restarts.update(restart.model for restart in self.watchdog.restarts)
+            regions |= self.watchdog.regions
+            self.watchdog = None
+        deadline = time.monotonic() + 5
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            while time.monotonic() < deadline:  # until the group is gone
+                os.killpg(self.process.pid, 0)
+                time.sleep(0.05)
+        except (ProcessLookupError, PermissionError):
+            pass  # nothing (left) in the group
+        remove_regions(regions)
+        self.regions = set()
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.shut_down()
+            try:
+                self.process.wait(timeout=2 * self.settings.server.exit_timeout_s + 20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.reap()
+
+    def __enter__(self) -> TritonServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

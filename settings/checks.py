@@ -1,0 +1,97 @@
+"""What must hold within and between the settings' sections, beyond each value's type: one SettingsError naming
+the key at fault."""
+
+from __future__ import annotations
+
+from settings.schema import (
+    ENGINE_KINDS,
+    PRECISIONS,
+    QUANTIZED,
+    TASKS,
+    TOPOLOGIES,
+    LoadTestSettings,
+    Settings,
+    SettingsError,
+)
+
+
+def check(settings: Settings) -> None:
+    model, engine = settings.model, settings.engine
+    if model.task not in TASKS:
+        raise SettingsError(f"model.task must be one of {TASKS}, not {model.task!r}")
+    if engine.kind not in ENGINE_KINDS:
+        raise SettingsError(f"engine.kind must be one of {ENGINE_KINDS}, not {engine.kind!r}")
+    if engine.precision not in PRECISIONS:
+        raise SettingsError(f"engine.precision must be one of {PRECISIONS}, not {engine.precision!r}")
+    if settings.ensemble.topology not in TOPOLOGIES:
+        raise SettingsError(f"ensemble.topology must be one of {TOPOLOGIES}, not {settings.ensemble.topology!r}")
+    if settings.topology == "one_stage" and engine.kind == "tensorrt":
+        raise SettingsError('engine.kind tensorrt is its own Triton model: it needs ensemble.topology "two_stage"')
+    if not all(isinstance(value, str | int | float | bool) for value in engine.options.values()):
+        raise SettingsError("engine.options takes names with plain values (strings, numbers, booleans)")
+    if engine.kind == "onnxruntime_cpu" and engine.precision != "fp32":
+        raise SettingsError("engine.kind onnxruntime_cpu runs fp32 only")
+    if engine.precision in QUANTIZED and engine.kind != "tensorrt":
+        raise SettingsError(f"engine.precision {engine.precision} needs engine.kind tensorrt")
+    if not 2 <= model.max_tokens <= 512:
+        raise SettingsError("model.max_tokens must be between 2 and 512 (BERT position embeddings)")
+    stages = {"tokenizer": settings.tokenizer, "encoder": settings.encoder, "postprocess": settings.postprocess}
+    for name, stage in stages.items():
+        if stage.max_batch_size < 1 or stage.instances < 1 or stage.max_queue_delay_us < 0:
+            raise SettingsError(f"[{name}] needs max_batch_size >= 1, instances >= 1, max_queue_delay_us >= 0")
+        if stage.max_queue_size < 0 or stage.queue_timeout_us < 0:
+            raise SettingsError(f"[{name}] needs max_queue_size >= 0 and queue_timeout_us >= 0")
+        if any(not 1 <= size <= stage.max_batch_size for size in stage.preferred_batch_sizes):
+            raise SettingsError(f"[{name}] preferred_batch_sizes must lie in 1..max_batch_size")
+    for key in ("max_text_bytes", "max_request_bytes"):
+        value = getattr(settings.tokenizer, key)
+        if type(value) is not int or value < 1:
+            raise SettingsError(f"tokenizer.{key} must be a positive integer")
+    if settings.tokenizer.max_request_bytes < settings.tokenizer.max_text_bytes:
+        raise SettingsError("tokenizer.max_request_bytes must be at least tokenizer.max_text_bytes")
+    if engine.kind == "tensorrt" and not settings.encoder.gpus:
+        raise SettingsError("engine.kind tensorrt needs encoder.gpus, e.g. [0]")
+    if engine.kind == "torch" and not settings.encoder.gpus and engine.precision not in ("fp32", "bf16"):
+        raise SettingsError("engine.kind torch without encoder.gpus runs on the CPU: fp32, or bf16 GEMMs")
+    buckets = settings.tensorrt.sequence_buckets
+    if list(buckets) != sorted(set(buckets)) or not buckets or buckets[0] < 2:
+        raise SettingsError("tensorrt.sequence_buckets must be strictly increasing token counts >= 2")
+    if engine.kind == "tensorrt" and buckets[-1] != model.max_tokens:
+        raise SettingsError("the last tensorrt.sequence_buckets entry must equal model.max_tokens")
+    if engine.kind == "onnxruntime_cpu" and settings.encoder.gpus:
+        raise SettingsError("engine.kind onnxruntime_cpu runs on the CPU: leave encoder.gpus empty")
+    if settings.ensemble.max_batch_size > settings.tokenizer.max_batch_size:
+        raise SettingsError("ensemble.max_batch_size must not exceed tokenizer.max_batch_size")
+    if settings.ensemble.max_batch_size > settings.encoder.max_batch_size:
+        raise SettingsError("ensemble.max_batch_size must not exceed encoder.max_batch_size")
+    server = settings.server
+    if server.watchdog_interval_s < 0 or server.exit_timeout_s < 1:
+        raise SettingsError("server needs watchdog_interval_s >= 0 and exit_timeout_s >= 1")
+    if server.max_restarts < 0 or server.restart_window_s <= 0:
+        raise SettingsError("server needs max_restarts >= 0 and restart_window_s > 0")
+    front = settings.front
+    if front.workers < 0 or front.max_body_bytes < settings.tokenizer.max_request_bytes:
+        raise SettingsError("front needs workers >= 0 and max_body_bytes >= tokenizer.max_request_bytes")
+    api = settings.api
+    if api.port < 0 or api.workers < 1 or min(api.max_inputs, api.max_concurrent_requests, api.grpc_channels) < 1:
+        raise SettingsError(
+            "api needs port >= 0, workers >= 1, max_inputs, max_concurrent_requests, grpc_channels >= 1"
+        )
+    if api.max_body_bytes < 1 or api.timeout_s <= 0:
+        raise SettingsError("api needs max_body_bytes >= 1 and timeout_s > 0")
+    _check_loadtest(settings.loadtest, settings.ensemble.max_batch_size)
+
+
+def _check_loadtest(load: LoadTestSettings, max_batch_size: int) -> None:
+    if load.protocol not in ("grpc", "http"):
+        raise SettingsError(f"loadtest.protocol must be grpc or http, not {load.protocol!r}")
+    if load.users < 1 or load.duration_s <= 0:
+        raise SettingsError("loadtest needs users >= 1 and duration_s > 0")
+    if not load.batch_sizes or len(load.batch_weights) != len(load.batch_sizes):
+        raise SettingsError("loadtest.batch_weights needs one weight per loadtest.batch_sizes entry")
+    if any(not 1 <= size <= max_batch_size for size in load.batch_sizes) or min(load.batch_weights) <= 0:
+        raise SettingsError("loadtest.batch_sizes must lie in 1..ensemble.max_batch_size, with weights > 0")
+    if not 0 < load.p50_ms <= load.p99_ms:
+        raise SettingsError("loadtest needs 0 < p50_ms <= p99_ms")
+    if load.min_rps < 0 or not 0 <= load.max_fail_ratio <= 1:
+        raise SettingsError("loadtest needs min_rps >= 0 and max_fail_ratio in 0..1")

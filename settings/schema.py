@@ -1,0 +1,204 @@
+"""The settings' schema: one frozen dataclass per section, the values each choice may take, and the Settings that
+the rest of the project reads (checks.py says what must hold between them, loading.py reads the files)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent  # the project: build_dir and settings paths are relative to it
+
+TASKS = ("embedding", "classification")
+# The Python engines (model_repository/stages/engines ENGINES) and tensorrt, a plan served by Triton's TensorRT
+# backend. torch runs on the GPUs of encoder.gpus, or on the CPU without them.
+ENGINE_KINDS = ("onnxruntime_cpu", "torch", "tensorrt")
+# Old names, still read for one release with a warning: old name -> kind.
+RENAMED_ENGINE_KINDS = {"torch_gpu": "torch"}
+# one_stage: one Python model tokenizes and encodes (the Python engines); two_stage: tokenizer -> encoder, the
+# only way to reach a TensorRT encoder. auto picks one_stage where it can.
+TOPOLOGIES = ("auto", "one_stage", "two_stage")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
+QUANTIZED = ("int8", "fp8")  # TensorRT only, from an ONNX model that already carries Q/DQ nodes
+
+
+class SettingsError(ValueError):
+    """The settings file is malformed or inconsistent."""
+
+
+# The sections of a settings file. No defaults here: settings/defaults.toml writes every value once, with what it
+# means, and any other settings file states only what differs from it (loading.load_settings).
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+    source: str
+    name: str
+    task: str
+    max_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineSettings:
+    kind: str
+    precision: str
+    threads: int
+    onnx_opset: int
+    onnx_tolerance: float
+    options: dict  # the engine's own options (its module docstring)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorRTSettings:
+    """Optimization profiles and builder options for `make engines` (engine.kind = "tensorrt")."""
+
+    sequence_buckets: tuple[int, ...]
+    tokens_per_batch: int
+    workspace_mib: int
+    optimization_level: int
+    cuda_graphs: bool
+    max_graph_batch: int
+
+
+@dataclasses.dataclass(frozen=True)
+class StageSettings:
+    max_batch_size: int
+    max_queue_delay_us: int
+    instances: int
+    preferred_batch_sizes: tuple[int, ...]
+    max_queue_size: int
+    queue_timeout_us: int
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderSettings(StageSettings):
+    gpus: tuple[int, ...]  # only the encoder runs on GPUs
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerSettings(StageSettings):
+    max_text_bytes: int
+    max_request_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class EnsembleSettings:
+    max_batch_size: int
+    topology: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerSettings:
+    host: str
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    health_port: int
+    watchdog_interval_s: float
+    exit_timeout_s: int
+    max_restarts: int
+    restart_window_s: float
+    build_dir: str
+
+
+@dataclasses.dataclass(frozen=True)
+class FrontSettings:
+    """The HTTP front (serving/http_front/proxy.py) on server.http_port, before tritonserver's own HTTP."""
+
+    workers: int
+    max_body_bytes: int
+    triton_http_port: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ApiSettings:
+    """The OpenAI- and TEI-compatible HTTP front (serving/api/app.py)."""
+
+    port: int
+    workers: int
+    max_body_bytes: int
+    max_inputs: int
+    max_concurrent_requests: int
+    grpc_channels: int
+    timeout_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadTestSettings:
+    """The acceptance bar `python -m loadtest` holds a deployment to; its flags override each value."""
+
+    protocol: str
+    users: int
+    duration_s: float
+    batch_sizes: tuple[int, ...]
+    batch_weights: tuple[float, ...]
+    p50_ms: float
+    p99_ms: float
+    min_rps: float
+    max_fail_ratio: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    model: ModelSettings
+    engine: EngineSettings
+    tokenizer: TokenizerSettings
+    encoder: EncoderSettings
+    postprocess: StageSettings
+    ensemble: EnsembleSettings
+    server: ServerSettings
+    front: FrontSettings
+    api: ApiSettings
+    tensorrt: TensorRTSettings
+    loadtest: LoadTestSettings
+    path: Path
+
+    @property
+    def topology(self) -> str:
+        """one_stage or two_stage: the setting, with auto resolved."""
+        if self.ensemble.topology != "auto":
+            return self.ensemble.topology
+        return "two_stage" if self.engine.kind == "tensorrt" else "one_stage"
+
+    @property
+    def build_dir(self) -> Path:
+        return (ROOT / self.server.build_dir).resolve()
+
+    @property
+    def export_dir(self) -> Path:
+        """Where `export` writes the ONNX model, weights, tokenizer and serving.json."""
+        return self.build_dir / "models" / self.model.name
+
+    @property
+    def repository_dir(self) -> Path:
+        return self.build_dir / "repository"
+
+    def as_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        data.pop("path")
+        return data
+
+    def as_toml(self) -> str:
+        """The settings as one complete TOML file (every key, defaults resolved): what the chart embeds."""
+        lines: list[str] = []
+        for section, values in self.as_dict().items():
+            lines += ["", f"[{section}]"] if lines else [f"[{section}]"]
+            lines += [f"{key} = {_toml_value(value)}" for key, value in values.items()]
+        return "\n".join(lines) + "\n"
+
+    def digest(self) -> str:
+        """Stable hash of the settings' values, recorded in generated files."""
+        return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a TOML basic string
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key} = {_toml_value(item)}" for key, item in value.items()) + "}"
+    return "[" + ", ".join(_toml_value(item) for item in value) + "]"
