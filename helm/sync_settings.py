@@ -6,8 +6,9 @@ Every values file here that names its source (`settings.source`, a repository pa
 settings/defaults.toml, complete (Settings.as_toml), as `settings.toml`: so the chart has no
 defaults of its own and its values always describe the settings the model repository was generated from.
 
---check changes nothing and exits 1 when an embedded copy differs from its source (tests/test_helm.py runs
-the same check). The copies are compared as parsed TOML, so comments and formatting do not count.
+--check changes nothing and exits 1 when an embedded copy differs from its source
+(tests/chart/test_chart_settings.py runs the same check). The copies are compared as parsed TOML, so comments
+and formatting do not count.
 """
 
 from __future__ import annotations

@@ -1,21 +1,21 @@
-"""Shared fixtures: one export, one generated repository and one real tritonserver per test session.
+"""Shared fixtures: the settings, one export and one generated repository per test session (the servers on
+them: tests/server/conftest.py).
 
-The export, the repository and the server are imported inside their fixtures: the GPU tests (make test-gpu)
-run where neither tritonclient nor the Triton wheel is installed.
+tests/unit needs none of them; tests/model the checkpoint and its export; tests/server the servers; tests/chart the
+chart.
+The export and the repository are imported inside their fixtures: the GPU tests (make test-gpu) run where
+neither tritonclient nor the Triton wheel is installed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
 from settings import load_settings
-
-if TYPE_CHECKING:
-    from serving.launcher.tritonserver import TritonServer
 
 
 @pytest.fixture(scope="session")
@@ -54,37 +54,6 @@ def repository(settings, exported, tmp_path_factory) -> Path:
     return generate(settings, exported, tmp_path_factory.mktemp("repo") / "repository")
 
 
-def start_server(settings, repository: Path, log_dir: Path) -> TritonServer:
-    from serving.launcher.harness import local_server
-
-    return local_server(settings, repository, log_dir).start()
-
-
-@pytest.fixture(scope="session")
-def server(settings, repository, tmp_path_factory):
-    triton = start_server(settings, repository, tmp_path_factory.mktemp("server"))
-    yield triton
-    triton.stop()
-
-
-@pytest.fixture(scope="session")
-def two_stage_server(settings, exported, tmp_path_factory):
-    """The same model in the two-stage topology (tokenizer -> encoder), beside the default one-stage server."""
-    from model_repository.generate import generate
-
-    two_stage = dataclasses.replace(settings, ensemble=dataclasses.replace(settings.ensemble, topology="two_stage"))
-    root = generate(two_stage, exported, tmp_path_factory.mktemp("repo_two_stage") / "repository")
-    triton = start_server(two_stage, root, tmp_path_factory.mktemp("server_two_stage"))
-    yield triton
-    triton.stop()
-
-
-@pytest.fixture(params=["one_stage", "two_stage"])
-def topology_server(request):
-    """Each topology's server in turn: what clients see must not depend on it."""
-    return request.getfixturevalue("server" if request.param == "one_stage" else "two_stage_server")
-
-
 @pytest.fixture(scope="session")
 def reference_model():
     """sentence-transformers on the same checkpoint: the numerics reference."""
@@ -118,3 +87,16 @@ def golden_sequences() -> list:
 
     data = np.load(Path(__file__).parent / "golden" / "minilm.npz")
     return np.split(data["ids"], np.cumsum(data["lengths"])[:-1])
+
+
+@pytest.fixture(scope="session")
+def trt_settings(settings, exported, tmp_path_factory):
+    """The default model with engine.kind = tensorrt fp16 on GPU 0, exporting into its own folder."""
+    build = tmp_path_factory.mktemp("trt_build")
+    shutil.copytree(exported, build / "models" / settings.model.name)
+    return dataclasses.replace(
+        settings,
+        engine=dataclasses.replace(settings.engine, kind="tensorrt", precision="fp16"),
+        encoder=dataclasses.replace(settings.encoder, gpus=(0,), instances=2),
+        server=dataclasses.replace(settings.server, build_dir=str(build)),
+    )

@@ -1,6 +1,6 @@
 """Texts -> token ids. `TextTokenizer` is what the stages call: a batch of texts in, the token ids of every
 text packed into one int32 array plus each text's length out, truncated to max_tokens, identical to the Hugging
-Face fast tokenizer's ids (tests/unit/test_fuzz.py holds the two to that on generated texts and on the corpus).
+Face fast tokenizer's ids (tests/model/test_fuzz.py holds the two to that on generated texts and on the corpus).
 """
 
 from __future__ import annotations

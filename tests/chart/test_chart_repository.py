@@ -1,0 +1,92 @@
+"""The model repository from an object store, and TensorRT plans built in the cluster per GPU product."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+
+from serving.launcher.triton_command import Ports, server_command
+from settings import ROOT, load_settings
+from tests.chart.helm import GPU, overlay, pod_spec, render, server_container
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Model repository: object store, TensorRT engine build
+# ---------------------------------------------------------------------------------------------------------
+def test_object_store_runs_tritonserver_with_the_launchers_flags(chart):
+    values = overlay("cpu")
+    objects = render(chart, values)
+    container = server_container(objects)
+    assert container["command"] == ["/opt/nvidia/nvidia_entrypoint.sh", "/opt/bert-triton/docker/tritonserver.sh"]
+    uri = values["modelRepository"]["objectStore"]["uri"]
+    settings = load_settings(ROOT / "settings" / "defaults.toml")
+    # Without the launcher there is no watchdog, hence no admin key and no explicit model control.
+    launcher = server_command(
+        Path("/opt/tritonserver/bin/tritonserver"),
+        Path("/repository"),
+        Path("/opt/tritonserver/backends"),
+        dataclasses.replace(Ports.of(settings), triton_http=0),  # and no HTTP front: Triton's HTTP is the port
+        "0.0.0.0",
+        settings.server.exit_timeout_s,
+    )[1:]
+    assert launcher[0] == "--model-repository=/repository"
+    assert container["args"] == [f"--model-repository={uri}", *launcher[1:]]
+    assert container["envFrom"] == [{"secretRef": {"name": "bert-triton-s3"}}]
+    assert container["image"] == "bert-triton-server:0.1.0-ngc24.10"
+    assert GPU not in container["resources"]["limits"]
+    assert {m["name"] for m in container["volumeMounts"]} == {"shm", "tmp"}
+    (policy,) = objects["NetworkPolicy"]
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    assert {"ports": [{"port": 443, "protocol": "TCP"}]} in policy["spec"]["egress"]
+
+
+def test_gcs_credentials_come_as_a_mounted_key_file(chart):
+    values = copy.deepcopy(overlay("cpu"))
+    values["modelRepository"]["objectStore"] = {
+        "uri": "gs://models/bert/model_repository",
+        "credentialsSecret": "gcs-key",
+        "gcsCredentialsKey": "key.json",
+    }
+    objects = render(chart, values)
+    container = server_container(objects)
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["GOOGLE_APPLICATION_CREDENTIALS"] == "/var/run/secrets/bert-triton/object-store/key.json"
+    assert "envFrom" not in container
+    (volume,) = [v for v in pod_spec(objects)["volumes"] if v["name"] == "object-store-credentials"]
+    assert volume["secret"] == {"secretName": "gcs-key", "items": [{"key": "key.json", "path": "key.json"}]}
+
+
+def test_tensorrt_overlay_builds_plans_per_gpu_product(chart):
+    objects = render(chart, overlay("tensorrt"))
+    spec = pod_spec(objects)
+    (init,) = spec["initContainers"]
+    assert init["image"] == "bert-triton-engine-builder:0.1.0-ngc24.10"
+    assert init["command"][1:] == [
+        "python3", "/opt/bert-triton/docker/engine_cache.py", "--bundle", "/bundle", "--cache", "/engine-cache",
+        "--out", "/models/repository",
+    ]  # fmt: skip
+    assert init["resources"]["limits"][GPU] == 1  # builds on the pod's own GPU
+    assert {"name": "GPU_PRODUCT", "value": "NVIDIA-H200"} in init["env"]
+    assert spec["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H200"
+    init_mounts = {m["mountPath"]: m for m in init["volumeMounts"]}
+    assert init_mounts["/bundle"]["readOnly"] and not init_mounts["/models"].get("readOnly")
+
+    container = server_container(objects)
+    assert container["args"][container["args"].index("--repository") + 1] == "/models/repository"
+    assert container["image"] == "bert-triton-server:0.1.0-ngc24.10"  # no torch for a TensorRT encoder
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["engine-cache"]["persistentVolumeClaim"]["claimName"] == "bert-bert-triton-engine-cache"
+    assert "emptyDir" in volumes["models"]
+
+    (job,) = objects["Job"]
+    annotations = job["metadata"]["annotations"]
+    assert annotations["helm.sh/hook"] == "pre-install,pre-upgrade"
+    job_container = job["spec"]["template"]["spec"]["containers"][0]
+    assert job_container["command"] == init["command"][:-2]  # the same build, cache only
+    assert job_container["resources"]["limits"][GPU] == 1
+    (claim,) = objects["PersistentVolumeClaim"]
+    assert claim["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert claim["metadata"]["annotations"]["helm.sh/hook"] == "pre-install"
+    assert int(claim["metadata"]["annotations"]["helm.sh/hook-weight"]) < int(annotations["helm.sh/hook-weight"])
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]

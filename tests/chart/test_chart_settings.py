@@ -1,0 +1,109 @@
+"""The settings file embedded in the chart's values drives it: ports, GPUs and /dev/shm rendered for every settings
+file of the repository equal what settings reads from the same file, and the grace period outlasts the drain."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+import tomllib
+import yaml
+
+from serving.launcher.triton_command import SHM_DEFAULT_BYTES
+from settings import ROOT, load_settings
+from tests.chart.helm import (
+    CHART,
+    CONFIGS,
+    GPU,
+    GPU_ENGINES,
+    OVERLAYS,
+    SETTINGS_FILES,
+    overlay,
+    pod_spec,
+    render,
+    server_container,
+    with_settings,
+)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The settings file drives the chart
+# ---------------------------------------------------------------------------------------------------------
+def test_values_files_embed_their_settings_files():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sync_settings", ROOT / "helm" / "sync_settings.py")
+    sync = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sync)
+    assert set(sync.VALUES_FILES) == {CHART / "values.yaml", *OVERLAYS.values()}
+    problems = [problem for problem in map(sync.stale, sync.VALUES_FILES) if problem]
+    assert not problems, f"{problems}: run python helm/sync_settings.py"
+    # The chart's default shape is the single-H200 benchmark's.
+    assert (
+        yaml.safe_load((CHART / "values.yaml").read_text())["settings"]["source"]
+        == "settings/variants/bert-base-h200.toml"
+    )
+    # Rewriting from the source reproduces the file (the sync is idempotent).
+    text = (CHART / "values.yaml").read_text()
+    assert sync.with_settings(text, sync.resolved("settings/variants/bert-base-h200.toml")) == text
+
+
+@pytest.mark.parametrize("settings_file", SETTINGS_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_chart_follows_the_settings_file(chart, settings_file):
+    settings = load_settings(settings_file)
+    objects = render(chart, with_settings(settings_file))
+    container = server_container(objects)
+    server = settings.server
+
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"http": server.http_port, "grpc": server.grpc_port, "metrics": server.metrics_port}
+    (service,) = objects["Service"]
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == ports
+
+    gpus = len(settings.encoder.gpus) if settings.engine.kind in GPU_ENGINES else 0
+    resources = container["resources"]
+    if gpus:
+        assert resources["limits"][GPU] == resources["requests"][GPU] == gpus
+        assert {"key": GPU, "operator": "Exists", "effect": "NoSchedule"} in pod_spec(objects)["tolerations"]
+    else:
+        assert GPU not in resources.get("limits", {}) and GPU not in resources.get("requests", {})
+        assert "tolerations" not in pod_spec(objects)
+
+    instances = settings.tokenizer.instances
+    instances += settings.encoder.instances if settings.engine.kind != "tensorrt" else 0
+    instances += settings.postprocess.instances if settings.model.task == "classification" else 0
+    (shm,) = [v for v in pod_spec(objects)["volumes"] if v["name"] == "shm"]
+    assert shm["emptyDir"]["sizeLimit"] == f"{max(256, 64 * instances)}Mi"
+    assert SHM_DEFAULT_BYTES < 64 << 20  # room beyond the launcher's pool per instance
+
+    assert container["image"].endswith("-torch") == (settings.engine.kind == "torch")
+    (config,) = objects["ConfigMap"]
+    assert tomllib.loads(config["data"]["settings.toml"]) == tomllib.loads(settings.as_toml())
+
+
+def test_ports_from_the_settings_reach_every_port(chart, tmp_path):
+    text = (ROOT / "settings" / "defaults.toml").read_text()
+    for name, port in (("http_port", 9100), ("grpc_port", 9101), ("metrics_port", 9102)):
+        text = re.sub(rf"^{name} = \d+", f"{name} = {port}", text, flags=re.M)
+    custom = tmp_path / "settings.toml"
+    custom.write_text(text)
+    assert dataclasses.astuple(load_settings(custom).server)[1:4] == (9100, 9101, 9102)
+    objects = render(chart, {"settings": {"toml": text}, "networkPolicy": {"enabled": True}})
+    container = server_container(objects)
+    assert [p["containerPort"] for p in container["ports"]] == [9100, 9101, 9102]
+    assert "http://127.0.0.1:9100" in container["readinessProbe"]["exec"]["command"]
+    (policy,) = objects["NetworkPolicy"]
+    assert [[p["port"] for p in rule["ports"]] for rule in policy["spec"]["ingress"]] == [[9100, 9101], [9102]]
+    (test_pod,) = objects["Pod"]
+    assert "http://bert-bert-triton:9100" in test_pod["spec"]["containers"][0]["command"]
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_grace_period_outlasts_the_drain_and_tritons_exit(chart, config):
+    """From SIGTERM to SIGKILL the launcher drains for up to server.exit_timeout_s, then tritonserver has as long
+    again to finish (docs/reliability.md, Faults): the pod's grace period must hold both, for the settings it embeds."""
+    objects = render(chart, overlay(config))
+    (embedded,) = [c["data"]["settings.toml"] for c in objects["ConfigMap"] if "settings.toml" in c.get("data", {})]
+    exit_timeout_s = tomllib.loads(embedded)["server"]["exit_timeout_s"]
+    assert pod_spec(objects)["terminationGracePeriodSeconds"] > 2 * exit_timeout_s

@@ -1,0 +1,35 @@
+"""The real tritonservers the server suites share: one per topology for the session, on free ports (through
+serving/launcher/harness.py, as the benchmarks start theirs)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from serving.launcher.harness import local_server
+
+
+@pytest.fixture(scope="session")
+def server(settings, repository, tmp_path_factory):
+    triton = local_server(settings, repository, tmp_path_factory.mktemp("server")).start()
+    yield triton
+    triton.stop()
+
+
+@pytest.fixture(scope="session")
+def two_stage_server(settings, exported, tmp_path_factory):
+    """The same model in the two-stage topology (tokenizer -> encoder), beside the default one-stage server."""
+    from model_repository.generate import generate
+
+    two_stage = dataclasses.replace(settings, ensemble=dataclasses.replace(settings.ensemble, topology="two_stage"))
+    root = generate(two_stage, exported, tmp_path_factory.mktemp("repo_two_stage") / "repository")
+    triton = local_server(two_stage, root, tmp_path_factory.mktemp("server_two_stage")).start()
+    yield triton
+    triton.stop()
+
+
+@pytest.fixture(params=["one_stage", "two_stage"])
+def topology_server(request):
+    """Each topology's server in turn: what clients see must not depend on it."""
+    return request.getfixturevalue("server" if request.param == "one_stage" else "two_stage_server")

@@ -1,0 +1,64 @@
+"""The stages' custom metrics on the real tritonserver's metrics port, within a flush, in both topologies."""
+
+from __future__ import annotations
+
+import re
+import time
+
+from client import TextClient
+from common.hf_tokenizer import load_tokenizer
+from model_repository.stages.stage_metrics import FLUSH_INTERVAL_S
+from tests.support import (
+    samples,
+    scrape,
+)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Stage metrics: counted in the stub, sent by a thread, never failing the model
+# ---------------------------------------------------------------------------------------------------------
+def test_stage_metrics_on_the_metrics_port(topology_server, exported, settings):
+    """The stages' counts reach the metrics port within about a second (stage_metrics.FLUSH_INTERVAL_S), under
+    the same names in both topologies, labelled with the model that counted them."""
+    server = topology_server
+    one_stage = server.settings.topology == "one_stage"
+    tokenizing, encoding = ("ensemble", "ensemble") if one_stage else ("tokenizer", "encoder")
+    texts = ["Triton batches requests dynamically.", "A second, somewhat longer text about tokenization.", "ok"]
+    tokenizer = load_tokenizer(exported / "tokenizer.json", settings.model.max_tokens)
+    tokens = sum(len(tokenizer.encode(text).ids) for text in texts)
+    time.sleep(2 * FLUSH_INTERVAL_S)  # what earlier requests (the warm-up, other tests) counted is sent by now
+    before = scrape(server.host, server.ports.metrics)
+    with TextClient(server.grpc_url, "grpc") as client:
+        client.embed(texts)  # one request, three texts
+
+    def delta(name, **labels):
+        return samples(after, name, **labels) - samples(before, name, **labels)
+
+    deadline = time.monotonic() + 5 * FLUSH_INTERVAL_S
+    while True:
+        after = scrape(server.host, server.ports.metrics)
+        # Each stub flushes on its own clock: in two stages the tokenizer's and the encoder's counts come apart.
+        flushed = delta("bert_tokenizer_requests_total", model=tokenizing) and delta(
+            "bert_encoder_padded_tokens_total", model=encoding
+        )
+        if flushed or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert delta("bert_tokenizer_requests_total", model=tokenizing, version="1") == 1
+    assert delta("bert_tokenizer_tokens_total", model=tokenizing) == tokens
+    assert delta("bert_tokenizer_texts_per_execute_count", model=tokenizing) == 1
+    assert delta("bert_tokenizer_texts_per_execute_sum", model=tokenizing) == len(texts)
+    assert delta("bert_tokenizer_texts_per_execute_bucket", model=tokenizing, le="2") == 0
+    assert delta("bert_tokenizer_texts_per_execute_bucket", model=tokenizing, le="4") == 1
+    assert delta("bert_tokenizer_texts_per_execute_bucket", model=tokenizing, le="+Inf") == 1
+    assert delta("bert_encoder_sequences_per_execute_sum", model=encoding) == len(texts)
+    assert delta("bert_encoder_real_tokens_total", model=encoding) == tokens
+    # onnxruntime_cpu pads each chunk to its longest sequence: computed tokens >= real ones.
+    padded = delta("bert_encoder_padded_tokens_total", model=encoding)
+    assert tokens <= padded <= len(texts) * max(len(tokenizer.encode(t).ids) for t in texts)
+    labels = re.search(r"^bert_encoder_real_tokens_total{(.*)}", after, flags=re.M).group(1)
+    assert f'model_instance="{encoding}_0_0"' in labels
+    # Buckets by powers of two up to the model's max_batch_size, cumulative, as a Prometheus histogram's.
+    bounds = re.findall(rf'^bert_encoder_sequences_per_execute_bucket{{.*le="([^"]+)".*model="{encoding}"', after, re.M)
+    limit = settings.ensemble.max_batch_size if one_stage else settings.encoder.max_batch_size
+    assert sorted(bounds, key=lambda b: float(b)) == [str(2**i) for i in range(limit.bit_length())] + ["+Inf"]

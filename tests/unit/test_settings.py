@@ -1,0 +1,130 @@
+"""The settings files: read over the defaults key by key, refused with the key at fault, defaults written once,
+overrides, and engine kinds under their old names."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import settings.schema as settings_module
+from settings import ROOT, Settings, SettingsError, load_settings
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ('task = "embedding"', 'task = "summarize"', "model.task"),
+        ('kind = "onnxruntime_cpu"', 'kind = "tensorflow"', "engine.kind"),
+        ("max_tokens = 256", "max_tokens = 4096", "max_tokens"),
+        ("instances = 1", "instances = 0", "instances"),
+        ("max_text_bytes = 1048576", "max_text_bytes = 0", "max_text_bytes"),
+        ("max_text_bytes = 1048576", "max_text_bytes = 1.0e6", "max_text_bytes"),
+        ("max_request_bytes = 8388608", "max_request_bytes = 1000", "at least tokenizer.max_text_bytes"),
+        ("[encoder]", "[encoder]\nmax_text_bytes = 1", "unknown keys"),
+        ("[server]", "[server]\ncolour = 1", "unknown keys"),
+        ('precision = "fp32"', 'precision = "fp16"', "onnxruntime_cpu runs fp32 only"),
+        ('topology = "auto"', 'topology = "three_stage"', "ensemble.topology"),
+        ("options = {}", "options = {spin_us = [1]}", "plain values"),
+    ],
+)
+def test_bad_settings_are_refused(tmp_path, old, new, message):
+    path = tmp_path / "settings.toml"
+    path.write_text(load_settings().path.read_text().replace(old, new, 1))
+    with pytest.raises(SettingsError, match=message):
+        load_settings(path)
+
+
+def test_a_settings_file_states_only_what_differs_from_the_defaults(tmp_path):
+    path = tmp_path / "variant.toml"
+    path.write_text('[model]\nsource = "random-init:bert-base"\nname = "bert"\n\n[encoder]\ninstances = 3\n')
+    variant, defaults = load_settings(path), load_settings()
+    assert variant.encoder.instances == 3 and variant.model.name == "bert"
+    assert variant.encoder.max_batch_size == defaults.encoder.max_batch_size, "a key left out keeps its default"
+    assert variant.model.max_tokens == defaults.model.max_tokens and variant.server == defaults.server
+
+
+@pytest.mark.parametrize("model", ['[model]\nsource = "random-init:bert-base"\n', "[encoder]\ninstances = 3\n"])
+def test_a_settings_file_names_its_model(tmp_path, model):
+    path = tmp_path / "variant.toml"
+    path.write_text(model)
+    with pytest.raises(SettingsError, match="must name source and name"):
+        load_settings(path)
+
+
+def test_defaults_are_written_once_in_the_defaults_file():
+    sections = [field.type for field in dataclasses.fields(Settings) if field.name != "path"]
+    with_defaults = [
+        f"{section}.{field.name}"
+        for section in sections
+        for field in dataclasses.fields(getattr(settings_module, section))
+        if field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING
+    ]
+    assert not with_defaults, "defaults belong in settings/defaults.toml only"
+
+
+@pytest.mark.parametrize("variant", sorted((ROOT / "settings" / "variants").glob("*.toml")), ids=str)
+def test_complete_settings_read_back_as_themselves(tmp_path, variant):
+    settings = load_settings(variant)
+    complete = tmp_path / "complete.toml"
+    complete.write_text(settings.as_toml())
+    assert load_settings(complete).as_dict() == settings.as_dict()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (['engine.kind="torch"', 'engine.precision="fp16"'], "runs on the CPU: fp32, or bf16 GEMMs"),
+        (
+            ['engine.kind="tensorrt"', 'engine.precision="fp16"', "encoder.gpus=[0]", 'ensemble.topology="one_stage"'],
+            '"two_stage"',
+        ),
+    ],
+)
+def test_engine_and_topology_must_agree(overrides, message):
+    with pytest.raises(SettingsError, match=message):
+        load_settings(None, overrides)
+
+
+def test_auto_topology_follows_the_engine():
+    assert load_settings(None, ['engine.kind="torch"']).topology == "one_stage", "torch on the CPU, fp32"
+    tensorrt = ['engine.kind="tensorrt"', 'engine.precision="fp16"', "encoder.gpus=[0]"]
+    assert load_settings(None, [*tensorrt, "tensorrt.sequence_buckets=[16, 256]"]).topology == "two_stage"
+
+
+@pytest.mark.parametrize(
+    ("override", "check"),
+    [
+        ("encoder.instances=4", lambda s: s.encoder.instances == 4),
+        ("engine.options.spin_us=0", lambda s: s.engine.options == {"spin_us": 0}),
+        ('ensemble.topology="two_stage"', lambda s: s.topology == "two_stage"),
+    ],
+)
+def test_overrides_change_one_value(override, check):
+    settings = load_settings(None, [override])
+    assert check(settings) and settings.digest() != load_settings().digest()
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("encoder.instances", "section.key=value"),
+        ("encoder.instances=four", "not TOML"),
+        ("encoder.colour=1", "unknown"),
+    ],
+)
+def test_bad_overrides_are_refused(override, message):
+    with pytest.raises(SettingsError, match=message):
+        load_settings(None, [override])
+
+
+def test_the_torch_engines_old_name_is_read_with_a_warning(tmp_path):
+    """engine.kind torch_gpu was renamed torch (it runs on the CPU too): for one release the old name still
+    loads, as the new one, and says so."""
+    path = tmp_path / "old.toml"
+    path.write_text('[model]\nsource = "random-init:bert-tiny"\nname = "old"\n\n[engine]\nkind = "torch_gpu"\n')
+    with pytest.warns(FutureWarning, match=r"engine.kind 'torch_gpu' is now 'torch'"):
+        old = load_settings(path)
+    assert old.engine.kind == "torch"
+    with pytest.warns(FutureWarning):
+        assert load_settings(None, ['engine.kind="torch_gpu"']).engine.kind == "torch"
