@@ -1,3 +1,4 @@
-"""The base layer every folder shares: settings and their checks, the serving contract (file and tensor
-names, serving.json), token layouts and TensorRT profile arithmetic. It imports nothing of this project's
-other packages. The generated model repository carries a copy, so the stages import it inside Triton too."""
+"""The base layer, and exactly what the stages import: the serving contract (file and tensor names,
+serving.json), token padding and chunking, and how a checkpoint's tokenizer is opened. It imports nothing
+else of this project. Every Python model version of the generated repository carries a copy beside
+stages/, so the stages import it inside Triton too."""

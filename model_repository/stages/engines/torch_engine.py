@@ -1,4 +1,4 @@
-"""Packed (padding-free) BERT encoder on PyTorch for NVIDIA GPUs, with an fp32 CPU path for tests.
+"""Packed (padding-free) BERT encoder on PyTorch: on an NVIDIA GPU (fp16, bf16) or on the CPU (fp32, bf16 GEMMs).
 
 All sequences of a batch are concatenated into one token stream described by `cu_seqlens` (the
 FlashAttention varlen layout); every GEMM runs on that stream, attention runs per sequence on the packed
