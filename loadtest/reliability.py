@@ -332,3 +332,7 @@ def held(total: dict) -> bool:
     answers = dict(total["bad"])
     sent = answers.pop("sent", 0)
     return total["lost"] == 0 and not total["refused"] and answers == ({"invalid_argument": sent} if sent else {})
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

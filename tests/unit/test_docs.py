@@ -100,6 +100,13 @@ def module_exists(module: str) -> bool:
     return path.with_suffix(".py").is_file() or (path / "__main__.py").is_file()
 
 
+def module_runs(module: str) -> bool:
+    """Whether `python -m module` does something: a package's __main__.py, or a module with a main guard (one
+    without it imports and exits 0, silently)."""
+    path = ROOT / Path(*module.split("."))
+    return (path / "__main__.py").is_file() or '__name__ == "__main__"' in path.with_suffix(".py").read_text()
+
+
 def problems(doc: Path) -> list[str]:
     text, found = doc.read_text(), []
     targets = make_targets()
@@ -115,6 +122,8 @@ def problems(doc: Path) -> list[str]:
             if not module_exists(module):
                 found.append(f"python -m {module}: no such module")
                 continue
+            if not module_runs(module):
+                found.append(f"python -m {module}: no `if __name__ == \"__main__\"`: it would run nothing")
             patterns = flag_patterns(module)
             for word in words[3:]:
                 flag = word.split("=")[0]
