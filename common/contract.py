@@ -7,10 +7,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-TEXT_INPUT = "text"  # the ensemble's TYPE_STRING input
+TEXT_INPUT = "text"  # the ensemble's TYPE_STRING input (a reranker's: the passage)
+QUERY_INPUT = "query"  # a reranker's second TYPE_STRING input: the query each row's text is scored against
 TOKENS_OUTPUT = "tokens"  # int32 [1] per text: the tokens the model saw ([CLS] and [SEP] included, after truncation)
+SCORE_OUTPUT = "score"  # fp32 [1] per (query, text) pair: a reranker's logit, before any sigmoid
 ENGINE_INPUTS = ("input_ids", "attention_mask")  # int32 [batch, sequence]: ONNX, TensorRT, the two-stage hop
+TOKEN_TYPES = "token_type_ids"  # int32 [batch, sequence], a third engine input for pairs: 0 query, 1 text
 SERVING_FILE = "serving.json"
+PROMPTS_FILE = "config_sentence_transformers.json"  # a checkpoint's sentence-transformers prompts, if it has them
 OPTION_PREFIX = "engine."  # config parameters that carry the settings' [engine] options
 
 
@@ -18,7 +22,7 @@ OPTION_PREFIX = "engine."  # config parameters that carry the settings' [engine]
 class ServingSpec:
     """What `export` recorded about the model: task, pooling and output layout."""
 
-    task: str  # embedding | classification
+    task: str  # embedding | classification | rerank
     pooling: str  # mean | cls | max | mean_sqrt_len (embedding only)
     normalize: bool  # L2-normalize pooled embeddings
     hidden_size: int
@@ -39,3 +43,12 @@ class ServingSpec:
     @property
     def output_name(self) -> str:
         return "embedding" if self.task == "embedding" else "logits"
+
+    @property
+    def pairs(self) -> bool:
+        """Whether a row is a (query, text) pair: token types in, one logit out (a cross-encoder)."""
+        return self.task == "rerank"
+
+    @property
+    def engine_inputs(self) -> tuple[str, ...]:
+        return (*ENGINE_INPUTS, TOKEN_TYPES) if self.pairs else ENGINE_INPUTS

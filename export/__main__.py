@@ -9,14 +9,15 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+import numpy as np
 
-from common.contract import ServingSpec
+from common.contract import PROMPTS_FILE, ServingSpec
 from common.hf_tokenizer import load_tokenizer
 from export import sha256
 from export.checkpoint import CheckpointError, load_model, read_pooling, resolve_source, tokenizer_file
 from export.onnx_export import VALIDATION_SENTENCES, ServingModule, export_onnx, validate
-from settings import SettingsError, load_settings
+from settings import SettingsError, load_deployment
+from settings.schema import TASKS
 
 REPORT_FILE = "export_report.json"
 
@@ -41,7 +42,7 @@ def export(
         pooling=pooling.mode,
         normalize=pooling.normalize,
         hidden_size=config.hidden_size,
-        output_size=len(labels) if labels else config.hidden_size,
+        output_size={"embedding": config.hidden_size, "classification": len(labels), "rerank": 1}[task],
         labels=labels,
         max_tokens=max_tokens,
         pad_token_id=config.pad_token_id or 0,
@@ -49,15 +50,21 @@ def export(
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     shutil.copyfile(tokenizer_json or tokenizer_file(source), out_dir / "tokenizer.json")
+    if folder is not None and (folder / PROMPTS_FILE).is_file():  # its prompts, for TEI's prompt_name
+        shutil.copyfile(folder / PROMPTS_FILE, out_dir / PROMPTS_FILE)
     spec.save(out_dir)
 
     module = ServingModule(model, task, pooling).eval()
     partial = out_dir / "model.onnx.partial"
-    export_onnx(module, partial, spec.output_name, opset)
+    export_onnx(module, partial, spec, opset)
     tokenizer = load_tokenizer(out_dir / "tokenizer.json", max_tokens)
     sentences = VALIDATION_SENTENCES.read_text().splitlines()
-    sequences = [torch.tensor(e.ids, dtype=torch.int32).numpy() for e in tokenizer.encode_batch(sentences)]
-    max_abs_diff = validate(module, partial, sequences, spec.pad_token_id)
+    # A reranker is validated on pairs: each sentence as the query of the next.
+    inputs = list(zip(sentences, sentences[1:] + sentences[:1], strict=True)) if spec.pairs else sentences
+    encodings = tokenizer.encode_batch(inputs)
+    sequences = [np.array(e.ids, dtype=np.int32) for e in encodings]
+    types = [np.array(e.type_ids, dtype=np.int32) for e in encodings] if spec.pairs else None
+    max_abs_diff = validate(module, partial, sequences, spec.pad_token_id, types)
     report = {
         "source": source,
         "task": task,
@@ -78,29 +85,34 @@ def export(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m export", description=__doc__)
-    parser.add_argument("--settings", help="settings file (default: settings/defaults.toml)")
+    parser.add_argument(
+        "--settings", nargs="+", default=[], help="settings file(s): each one's model (default: settings/defaults.toml)"
+    )
     parser.add_argument("--source", help="override model.source: a folder, package:<name> or random-init:<preset>")
     parser.add_argument("--random-init", metavar="PRESET", help="shorthand for --source random-init:PRESET")
-    parser.add_argument("--task", choices=("embedding", "classification"), help="override model.task")
+    parser.add_argument("--task", choices=TASKS, help="override model.task")
     parser.add_argument("--tokenizer", type=Path, help="tokenizer.json to use instead of the checkpoint's own")
     parser.add_argument("--out", type=Path, help="output folder (default: the settings' export folder)")
     args = parser.parse_args(argv)
     try:
-        settings = load_settings(args.settings)
-        source = f"random-init:{args.random_init}" if args.random_init else args.source or settings.model.source
-        report = export(
-            source,
-            args.task or settings.model.task,
-            settings.model.max_tokens,
-            args.out or settings.export_dir,
-            settings.engine.onnx_opset,
-            settings.engine.onnx_tolerance,
-            args.tokenizer,
-        )
+        deployment = load_deployment(args.settings)
+        if len(deployment.models) > 1 and (args.source or args.random_init or args.task or args.out):
+            raise SettingsError("--source, --random-init, --task and --out name one model: give one settings file")
+        for settings in deployment.models:
+            source = f"random-init:{args.random_init}" if args.random_init else args.source or settings.model.source
+            report = export(
+                source,
+                args.task or settings.model.task,
+                settings.model.max_tokens,
+                args.out or settings.export_dir,
+                settings.engine.onnx_opset,
+                settings.engine.onnx_tolerance,
+                args.tokenizer,
+            )
+            print(json.dumps(report, indent=2))
     except (SettingsError, CheckpointError) as exc:
         print(f"export failed: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(report, indent=2))
     return 0
 
 

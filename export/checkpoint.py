@@ -13,6 +13,8 @@ from transformers import BertConfig, BertForSequenceClassification, BertModel, P
 RANDOM_INIT_PRESETS = {
     # BertConfig() defaults: 12 layers, hidden 768, 12 heads, intermediate 3072.
     "bert-base": {},
+    # The shape of all-MiniLM-L6-v2 and of the common cross-encoder ms-marco-MiniLM-L-6-v2.
+    "minilm": {"num_hidden_layers": 6, "hidden_size": 384, "num_attention_heads": 12, "intermediate_size": 1536},
     # Small enough for fast tests of the random-init path.
     "bert-tiny": {"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 2, "intermediate_size": 512},
 }
@@ -87,14 +89,14 @@ def read_pooling(folder: Path | None) -> Pooling:
 
 
 def load_model(source: str, task: str, seed: int = 0) -> PreTrainedModel:
-    """The fp32 PyTorch reference model: BertModel for embeddings, BertForSequenceClassification for labels."""
+    """The fp32 PyTorch reference model: BertModel for embeddings, BertForSequenceClassification for labels and
+    for a reranker (a cross-encoder: sequence pairs in, the first logit its score)."""
     folder = resolve_source(source)
     model_class = BertModel if task == "embedding" else BertForSequenceClassification
     if folder is None:
         torch.manual_seed(seed)
         config = BertConfig(**RANDOM_INIT_PRESETS[source.split(":", 1)[1]])
-        if task == "classification":
-            config.num_labels = 2
+        config.num_labels = {"classification": 2, "rerank": 1}.get(task, config.num_labels)
         model = model_class(config)
     else:
         config = BertConfig.from_pretrained(folder)

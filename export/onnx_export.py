@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.contract import ENGINE_INPUTS
+from common.contract import TOKEN_TYPES, ServingSpec
 from common.padding import pad_sequences
 from export.checkpoint import Pooling
 
@@ -33,25 +33,33 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: Pooling) -> torch.Te
 
 
 class ServingModule(nn.Module):
-    """What the encoder stage serves: token ids and mask in, one row per sequence out."""
+    """What the encoder stage serves: token ids and mask (and a pair's token types) in, one row per sequence out:
+    the pooled embedding, the classifier's logits, or a reranker's first logit."""
 
     def __init__(self, model: nn.Module, task: str, pooling: Pooling) -> None:
         super().__init__()
         self.model, self.task, self.pooling = model, task, pooling
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        token_type_ids = torch.zeros_like(input_ids)
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
         # The head and pooling run in fp32 whatever the encoder's precision: outputs are always float32.
+        if self.task == "rerank":
+            return out.logits[:, :1].float()
         if self.task == "classification":
             return out.logits.float()
         return pool(out.last_hidden_state.float(), attention_mask, self.pooling)
 
 
-def export_onnx(module: ServingModule, path: Path, output_name: str, opset: int) -> None:
+def export_onnx(module: ServingModule, path: Path, spec: ServingSpec, opset: int) -> None:
     ids = torch.tensor([[101, 7592, 2088, 102], [101, 2088, 102, 0]], dtype=torch.int32)
     mask = (ids != 0).to(torch.int32)
-    axes = {name: {0: "batch", 1: "sequence"} for name in ENGINE_INPUTS}
+    example = (ids, mask, torch.tensor([[0, 0, 1, 1], [0, 0, 1, 0]], dtype=torch.int32)) if spec.pairs else (ids, mask)
+    names = list(spec.engine_inputs)
+    axes = {name: {0: "batch", 1: "sequence"} for name in names}
     # The tracer warns about shape-dependent Python branches in transformers' masking code; validate()
     # runs the exported graph on other batch and sequence sizes, which is the check that matters.
     with torch.no_grad(), warnings.catch_warnings():
@@ -59,26 +67,39 @@ def export_onnx(module: ServingModule, path: Path, output_name: str, opset: int)
         warnings.filterwarnings("ignore", message="Exporting aten::index")
         torch.onnx.export(
             module,
-            (ids, mask),
+            example,
             str(path),
-            input_names=list(ENGINE_INPUTS),
-            output_names=[output_name],
-            dynamic_axes={**axes, output_name: {0: "batch"}},
+            input_names=names,
+            output_names=[spec.output_name],
+            dynamic_axes={**axes, spec.output_name: {0: "batch"}},
             opset_version=opset,
             dynamo=False,
         )
 
 
-def validate(module: ServingModule, onnx_path: Path, sequences: list[np.ndarray], pad_id: int) -> float:
-    """Max abs diff between ONNX Runtime on one padded batch and PyTorch on each sequence alone.
+def validate(
+    module: ServingModule,
+    onnx_path: Path,
+    sequences: list[np.ndarray],
+    pad_id: int,
+    types: list[np.ndarray] | None = None,
+) -> float:
+    """Max abs diff between ONNX Runtime on one padded batch and PyTorch on each sequence alone (a pair's token
+    types beside its ids).
 
     Comparing against unpadded single-sequence runs also proves that padding does not leak into pooling.
     """
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     ids, mask = pad_sequences(sequences, pad_id)
-    (onnx_out,) = session.run(None, dict(zip(ENGINE_INPUTS, (ids, mask), strict=True)))
+    feeds = {"input_ids": ids, "attention_mask": mask}
+    if types is not None:
+        feeds[TOKEN_TYPES] = pad_sequences(types, 0)[0]
+    (onnx_out,) = session.run(None, feeds)
     with torch.no_grad():
-        reference = torch.cat(
-            [module(torch.from_numpy(s[None]), torch.ones((1, len(s)), dtype=torch.int32)) for s in sequences]
-        ).numpy()
+        rows = []
+        for index, sequence in enumerate(sequences):
+            single = torch.from_numpy(sequence[None])
+            extra = () if types is None else (torch.from_numpy(types[index][None]),)
+            rows.append(module(single, torch.ones((1, len(sequence)), dtype=torch.int32), *extra))
+        reference = torch.cat(rows).numpy()
     return float(np.abs(onnx_out - reference).max())

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from common.contract import ENGINE_INPUTS
+from common.contract import ENGINE_INPUTS, TOKEN_TYPES, ServingSpec
 from export import sha256
 from settings import ROOT, Settings, SettingsError, load_settings
 from settings.schema import QUANTIZED
@@ -63,7 +63,7 @@ def check_onnx(path: Path) -> list[str]:
         problems.append(f"opset {opset} is outside {OPSETS.start}-{OPSETS.stop - 1}")
     graph = model.graph
     inputs = {tensor.name: tensor for tensor in graph.input}
-    for name in ENGINE_INPUTS:
+    for name in (*ENGINE_INPUTS, *([TOKEN_TYPES] if TOKEN_TYPES in inputs else [])):  # a reranker's token types
         if name not in inputs:
             problems.append(f"input {name} is missing")
             continue
@@ -139,7 +139,6 @@ def export_reduced_precision(settings: Settings, export_dir: Path, precision: st
     import torch
     from transformers import BertForSequenceClassification, BertModel
 
-    from common.contract import ServingSpec
     from common.hf_tokenizer import load_tokenizer
     from common.padding import pad_sequences
     from export.checkpoint import Pooling
@@ -151,18 +150,28 @@ def export_reduced_precision(settings: Settings, export_dir: Path, precision: st
     module = ServingModule(model, spec.task, Pooling(spec.pooling, spec.normalize))
     tokenizer = load_tokenizer(export_dir / "tokenizer.json", spec.max_tokens)
     sentences = VALIDATION_SENTENCES.read_text().splitlines()
-    ids, mask = pad_sequences([e.ids for e in tokenizer.encode_batch(sentences)], spec.pad_token_id)
+    inputs = list(zip(sentences, sentences[1:] + sentences[:1], strict=True)) if spec.pairs else sentences
+    encodings = tokenizer.encode_batch(inputs)
+    ids, mask = pad_sequences([e.ids for e in encodings], spec.pad_token_id)
+    feeds = {"input_ids": ids, "attention_mask": mask}
+    if spec.pairs:
+        feeds[TOKEN_TYPES] = pad_sequences([e.type_ids for e in encodings], 0)[0]
     with torch.no_grad():
-        reference = module(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+        reference = module(*(torch.from_numpy(feeds[name]) for name in spec.engine_inputs)).numpy()
     path = export_dir / f"model.{precision}.onnx"
     module.to(torch.float16 if precision == "fp16" else torch.bfloat16)
-    export_onnx(module, path, spec.output_name, settings.engine.onnx_opset)
+    export_onnx(module, path, spec, settings.engine.onnx_opset)
     if precision == "bf16":  # ONNX Runtime's CPU provider has no bf16 MatMul: the build's own check stands
         return path, {"validated": "not here: ONNX Runtime CPU cannot run bf16"}
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    (served,) = session.run(None, dict(zip(ENGINE_INPUTS, (ids, mask), strict=True)))
+    (served,) = session.run(None, feeds)
+    if spec.pairs:  # one logit per pair: held to an absolute bound rather than a cosine
+        drift = float(np.abs(served - reference).max())
+        if drift > 0.05:
+            raise EngineBuildError(f"the {precision} ONNX model drifts from fp32 PyTorch: max abs {drift:.4f}")
+        return path, {"validated": f"ONNX Runtime CPU vs fp32 PyTorch on {len(inputs)} pairs", "max_abs": drift}
     cosine = (served * reference).sum(1) / (np.linalg.norm(served, axis=1) * np.linalg.norm(reference, axis=1))
     if cosine.min() < 0.999:
         raise EngineBuildError(f"the {precision} ONNX model drifts from fp32 PyTorch: min cosine {cosine.min():.5f}")
@@ -183,7 +192,7 @@ def build_spec(settings: Settings, onnx_path: Path, plan: Path) -> dict:
         "onnx": portable(onnx_path),
         "onnx_sha256": sha256(onnx_path),
         "plan": portable(plan),
-        "inputs": list(ENGINE_INPUTS),
+        "inputs": list(ServingSpec.load(settings.export_dir).engine_inputs),
         "precision": settings.engine.precision,
         "profiles": profiles(settings),
         "workspace_mib": ts.workspace_mib,

@@ -10,7 +10,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent  # the project: build_dir and settings paths are relative to it
 
-TASKS = ("embedding", "classification")
+# embedding: pooled vectors; classification: a label and its scores; rerank: a cross-encoder's score for each
+# (query, text) pair (the first logit of its sequence-classification head).
+TASKS = ("embedding", "classification", "rerank")
 # The Python engines (model_repository/stages/engines ENGINES) and tensorrt, a plan served by Triton's TensorRT
 # backend. torch runs on the GPUs of encoder.gpus, or on the CPU without them.
 ENGINE_KINDS = ("onnxruntime_cpu", "torch", "tensorrt")
@@ -179,10 +181,13 @@ class Settings:
         data.pop("path")
         return data
 
-    def as_toml(self) -> str:
-        """The settings as one complete TOML file (every key, defaults resolved): what the chart embeds."""
+    def as_toml(self, leave_out: tuple[str, ...] = ()) -> str:
+        """The settings as one complete TOML file (every key, defaults resolved): what the chart embeds; a later
+        model of several leaves out the server-wide sections (deployment.SERVER_WIDE), which are the first's."""
         lines: list[str] = []
         for section, values in self.as_dict().items():
+            if section in leave_out:
+                continue
             lines += ["", f"[{section}]"] if lines else [f"[{section}]"]
             lines += [f"{key} = {_toml_value(value)}" for key, value in values.items()]
         return "\n".join(lines) + "\n"

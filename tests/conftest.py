@@ -100,3 +100,29 @@ def trt_settings(settings, exported, tmp_path_factory):
         encoder=dataclasses.replace(settings.encoder, gpus=(0,), instances=2),
         server=dataclasses.replace(settings.server, build_dir=str(build)),
     )
+
+
+@pytest.fixture(scope="session")
+def cross_encoder_dir(tmp_path_factory) -> Path:
+    """A cross-encoder of random weights with a real vocabulary (tests/support.py make_cross_encoder)."""
+    from tests.support import make_cross_encoder
+
+    return make_cross_encoder(tmp_path_factory.mktemp("cross_encoder") / "checkpoint")
+
+
+@pytest.fixture(scope="session")
+def rerank_export(cross_encoder_dir, settings, tmp_path_factory) -> Path:
+    """The cross-encoder exported as a reranker (task rerank, 128 tokens a pair)."""
+    from export.__main__ import export
+
+    out = tmp_path_factory.mktemp("export_rerank")
+    export(str(cross_encoder_dir), "rerank", 128, out, settings.engine.onnx_opset, settings.engine.onnx_tolerance)
+    return out
+
+
+@pytest.fixture(scope="session")
+def cross_encoder(cross_encoder_dir):
+    """sentence-transformers' CrossEncoder on the same checkpoint: the reranking reference (sigmoid of the logit)."""
+    from sentence_transformers import CrossEncoder
+
+    return CrossEncoder(str(cross_encoder_dir), device="cpu", max_length=128)

@@ -19,7 +19,7 @@ import gc
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from common.contract import ENGINE_INPUTS
+from common.contract import ENGINE_INPUTS, TOKEN_TYPES
 from common.padding import unpad
 
 from .model_args import engine_from_args, model_config
@@ -41,13 +41,15 @@ class TritonPythonModel:
         self._metrics.add(encoder_counts(sequences, real_tokens, self.engine.computed_tokens))
 
     def execute(self, requests: list) -> list:
-        packed = [
-            unpad(*(pb_utils.get_input_tensor_by_name(request, name).as_numpy() for name in ENGINE_INPUTS))
-            for request in requests
-        ]
+        packed, types = [], []
+        for request in requests:
+            ids, mask = (pb_utils.get_input_tensor_by_name(request, name).as_numpy() for name in ENGINE_INPUTS)
+            packed.append(unpad(ids, mask))
+            if self.engine.spec.pairs:  # a pair's token types, laid out as its ids
+                types.append(unpad(pb_utils.get_input_tensor_by_name(request, TOKEN_TYPES).as_numpy(), mask)[0])
         ids = np.concatenate([part[0] for part in packed])
         lengths = np.concatenate([part[1] for part in packed])
-        outputs = self.engine.forward_packed(ids, lengths)
+        outputs = self.engine.forward_packed(ids, lengths, np.concatenate(types) if types else None)
         self._record(len(lengths), len(ids))
         responses = []
         start = 0

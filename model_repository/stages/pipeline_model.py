@@ -1,4 +1,5 @@
-"""The one-stage Triton model, served as `ensemble`: text -> embedding, or label and scores, in one stub.
+"""The one-stage Triton model, served as `ensemble` (or the model's name): text -> embedding, or label and scores,
+or a reranker's (query, text) -> score, in one stub.
 
 The whole data path of a dynamic batch in one execute(): every text of every request is tokenized in one
 call (text_tokenizer.TextTokenizer: packed ids, no padding), the engine runs those packed ids at once, and
@@ -19,7 +20,7 @@ import gc
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from common.contract import TEXT_INPUT, TOKENS_OUTPUT
+from common.contract import QUERY_INPUT, SCORE_OUTPUT, TEXT_INPUT, TOKENS_OUTPUT
 
 from .classification import label_array, scores_and_labels
 from .model_args import engine_from_args, instance_count, model_config
@@ -34,6 +35,7 @@ class TritonPythonModel:
         self.engine = engine_from_args(args, params)
         spec = self.engine.spec
         self.labels = label_array(spec.labels) if spec.task == "classification" else None
+        self.pairs = spec.pairs
         self._create_metrics(args, int(config["max_batch_size"]))
         gc.freeze()  # what loading made lives on: later collections need not scan it
 
@@ -42,10 +44,15 @@ class TritonPythonModel:
         self._metrics = StageMetrics(pb_utils, "pipeline", args, declared)
 
     def execute(self, requests: list) -> list:
-        raws = [pb_utils.get_input_tensor_by_name(request, TEXT_INPUT).as_numpy() for request in requests]
-        texts, parts = self.text.gather(raws)
-        ids, lengths = self.text.tokenizer.encode(texts)
-        outputs = self.engine.forward_packed(ids, lengths) if texts else None
+        texts_in = [pb_utils.get_input_tensor_by_name(request, TEXT_INPUT).as_numpy() for request in requests]
+        if self.pairs:
+            queries_in = [pb_utils.get_input_tensor_by_name(request, QUERY_INPUT).as_numpy() for request in requests]
+            queries, texts, parts = self.text.gather_pairs(queries_in, texts_in)
+            ids, lengths, types = self.text.tokenizer.encode_pairs(queries, texts)
+        else:
+            texts, parts = self.text.gather(texts_in)
+            (ids, lengths), types = self.text.tokenizer.encode(texts), None
+        outputs = self.engine.forward_packed(ids, lengths, types) if texts else None
         self._record(len(requests), lengths)
         if self.labels is not None and texts:
             outputs = scores_and_labels(outputs, self.labels)
@@ -56,7 +63,9 @@ class TritonPythonModel:
                 error = pb_utils.TritonError(part, pb_utils.TritonError.INVALID_ARG)
                 responses.append(pb_utils.InferenceResponse(error=error))
                 continue
-            if self.labels is None:
+            if self.pairs:
+                tensors = [pb_utils.Tensor(SCORE_OUTPUT, outputs[part])]
+            elif self.labels is None:
                 tensors = [pb_utils.Tensor("embedding", outputs[part])]
             else:
                 tensors = [pb_utils.Tensor("scores", outputs[0][part]), pb_utils.Tensor("label", outputs[1][part])]

@@ -14,51 +14,75 @@ import numpy as np
 from .text_tokenizer import TextTokenizer, word_ends
 
 
-def request_texts(raw: np.ndarray, max_text_bytes: int, max_request_bytes: int) -> list[str]:
-    """The texts of one request's TYPE_STRING input, or ValueError naming what is wrong with them.
+def _sizes(raw: np.ndarray) -> list[int]:
+    return [len(item) if isinstance(item, bytes) else len(str(item).encode()) for item in raw]
+
+
+def request_texts(
+    raw: np.ndarray, max_text_bytes: int, max_request_bytes: int, name: str = "text", beside: int = 0
+) -> list[str]:
+    """The texts of one request's TYPE_STRING input, or ValueError naming what is wrong with them; `beside` is
+    what the request's other input (a reranker's queries) already holds of max_request_bytes.
 
     Sizes are checked before anything is decoded: they bound what one text and one request can cost, also
     where the prefix fast paths cannot help."""
     raw = raw.reshape(-1)
     if raw.size == 0:
-        raise ValueError("text: the batch holds no texts")
-    sizes = [len(item) if isinstance(item, bytes) else len(str(item).encode()) for item in raw]
-    if sum(sizes) > max_request_bytes:
+        raise ValueError(f"{name}: the batch holds no texts")
+    sizes = _sizes(raw)
+    if sum(sizes) + beside > max_request_bytes:
         raise ValueError(
-            f"the request's {len(sizes)} texts are {sum(sizes)} bytes together, over the limit of "
+            f"the request's {len(sizes)} texts are {sum(sizes) + beside} bytes together, over the limit of "
             f"{max_request_bytes} (tokenizer.max_request_bytes)"
         )
     texts = []
     for index, (item, size) in enumerate(zip(raw, sizes, strict=True)):
         if size > max_text_bytes:
             raise ValueError(
-                f"text[{index}] is {size} bytes, over the limit of {max_text_bytes} (tokenizer.max_text_bytes)"
+                f"{name}[{index}] is {size} bytes, over the limit of {max_text_bytes} (tokenizer.max_text_bytes)"
             )
         if isinstance(item, bytes):
             try:
                 item = item.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise ValueError(f"text[{index}] is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+                raise ValueError(f"{name}[{index}] is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
         texts.append(str(item))
     return texts
+
+
+def request_pairs(
+    query_raw: np.ndarray, text_raw: np.ndarray, max_text_bytes: int, max_request_bytes: int
+) -> tuple[list[str], list[str]]:
+    """A reranker request's (queries, texts), one query per text, checked as request_texts checks texts."""
+    query_raw, text_raw = query_raw.reshape(-1), text_raw.reshape(-1)
+    if query_raw.size != text_raw.size:
+        raise ValueError(f"query and text need one row each per pair: {query_raw.size} queries, {text_raw.size} texts")
+    queries = request_texts(query_raw, max_text_bytes, max_request_bytes, "query")
+    return queries, request_texts(text_raw, max_text_bytes, max_request_bytes, "text", sum(_sizes(query_raw)))
+
+
+def gather(requests: list[tuple[np.ndarray, ...]], decode) -> tuple[list[tuple[str, ...]], list[slice | str]]:
+    """Every request's decoded rows in one list (tokenized in one call), and per request the slice of that
+    list holding its rows, or the message saying why it is refused (the other requests are served)."""
+    rows: list = []
+    parts: list[slice | str] = []
+    for inputs in requests:
+        try:
+            decoded = list(zip(*decode(*inputs), strict=True))
+        except ValueError as exc:
+            parts.append(str(exc))
+            continue
+        parts.append(slice(len(rows), len(rows) + len(decoded)))
+        rows.extend(decoded)
+    return rows, parts
 
 
 def gather_texts(
     raws: list[np.ndarray], max_text_bytes: int, max_request_bytes: int
 ) -> tuple[list[str], list[slice | str]]:
-    """Every request's texts in one list (tokenized in one call), and per request the slice of that list
-    holding its texts, or the message saying why it is refused (the other requests are served)."""
-    texts: list[str] = []
-    parts: list[slice | str] = []
-    for raw in raws:
-        try:
-            decoded = request_texts(raw, max_text_bytes, max_request_bytes)
-        except ValueError as exc:
-            parts.append(str(exc))
-            continue
-        parts.append(slice(len(texts), len(texts) + len(decoded)))
-        texts.extend(decoded)
-    return texts, parts
+    """gather for one text input per request: the texts, and each request's slice of them or its refusal."""
+    rows, parts = gather([(raw,) for raw in raws], lambda raw: (request_texts(raw, max_text_bytes, max_request_bytes),))
+    return [text for (text,) in rows], parts
 
 
 class TextInput:
@@ -75,3 +99,14 @@ class TextInput:
 
     def gather(self, raws: list[np.ndarray]) -> tuple[list[str], list[slice | str]]:
         return gather_texts(raws, self.max_text_bytes, self.max_request_bytes)
+
+    def gather_pairs(
+        self, query_raws: list[np.ndarray], text_raws: list[np.ndarray]
+    ) -> tuple[list[str], list[str], list[slice | str]]:
+        """Every request's (query, text) pairs as two lists, and each request's slice of them or its refusal."""
+
+        def decode(query_raw, text_raw):
+            return request_pairs(query_raw, text_raw, self.max_text_bytes, self.max_request_bytes)
+
+        rows, parts = gather(list(zip(query_raws, text_raws, strict=True)), decode)
+        return [query for query, _ in rows], [text for _, text in rows], parts

@@ -43,7 +43,7 @@ ASCII_WORDS = {True: re.compile(r"[a-z0-9]+|[^a-z0-9 \t\n\r]"), False: re.compil
 WORD_CACHE_SIZE = 1 << 18
 
 
-def encode_truncated(tokenizer: Tokenizer, texts: list[str]) -> list[Encoding]:
+def encode_truncated(tokenizer: Tokenizer, texts: list[str], add_special_tokens: bool = True) -> list[Encoding]:
     """tokenizer.encode_batch(texts) with the same ids, at a cost bounded by the kept tokens, not the text.
 
     Truncation keeps only the first max_length tokens, yet the tokenizer would normalize and split the
@@ -57,7 +57,7 @@ def encode_truncated(tokenizer: Tokenizer, texts: list[str]) -> list[Encoding]:
     """
     truncation = tokenizer.truncation
     if not (truncation and _prefix_exact(tokenizer, truncation)):
-        return tokenizer.encode_batch(texts)
+        return tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)
     words = _Words(
         tokenizer.model.max_input_chars_per_word,
         tuple(token.content.lower() for token in tokenizer.get_added_tokens_decoder().values() if token.content),
@@ -66,14 +66,15 @@ def encode_truncated(tokenizer: Tokenizer, texts: list[str]) -> list[Encoding]:
     length = PREFIX_CHARS_PER_TOKEN * truncation["max_length"]
     bounded = [_bounded(text, length, words) for text in texts]
     # One call for the whole batch: the Rust tokenizer spreads it over its threads.
-    encodings = tokenizer.encode_batch([shorter for shorter, _ in bounded])
+    encodings = tokenizer.encode_batch([shorter for shorter, _ in bounded], add_special_tokens=add_special_tokens)
     redo = [
         i
         for i, ((_, complete), encoding) in enumerate(zip(bounded, encodings, strict=True))
         if not complete and not encoding.overflowing
     ]
     if redo:
-        for i, encoding in zip(redo, tokenizer.encode_batch([texts[i] for i in redo]), strict=True):
+        again = tokenizer.encode_batch([texts[i] for i in redo], add_special_tokens=add_special_tokens)
+        for i, encoding in zip(redo, again, strict=True):
             encodings[i] = encoding
     return encodings
 
@@ -176,6 +177,25 @@ def _bounded(text: str, length: int, words: _Words) -> tuple[str, bool]:
     return "".join(pieces), False
 
 
+def _first_tokens(text: str, encoding: Encoding, tokens: int) -> str:
+    """The text up to the end of its `tokens`-th token, or all of it if it has no more."""
+    return text[: encoding.offsets[tokens - 1][1]] if len(encoding.ids) > tokens else text
+
+
+def longest_first(first: int, second: int, room: int) -> tuple[int, int]:
+    """How many tokens of each side of a pair the Hugging Face tokenizer keeps when truncating longest first
+    to `room` (max_length less the special tokens): the shorter side whole if the longer still gets at least
+    as much, else the room split in halves, the second side taking the odd one."""
+    if first + second <= room:
+        return first, second
+    short, long = sorted((first, second))
+    long = short if short > room else max(short, room - short)
+    if short + long > room:
+        short = room // 2
+        long = short + room % 2
+    return (long, short) if first > second else (short, long)
+
+
 @dataclass(frozen=True)
 class _AsciiPath:
     """BERT's tokenizer, as the ASCII path applies it."""
@@ -188,6 +208,8 @@ class _AsciiPath:
     max_word_chars: int  # a longer word is one [UNK], as WordPiece has it
     model: WordPiece
     added: tuple[str, ...]  # added tokens, lowercased: matched in the raw text before normalization
+    pairs: bool  # the tokenizer joins a pair as [CLS] a [SEP] b [SEP], types 0 to the first [SEP], then 1, and
+    # truncates it longest first: the pair path applies that too
 
 
 class TextTokenizer:
@@ -207,6 +229,9 @@ class TextTokenizer:
         self.max_tokens = max_tokens
         self._words: dict[str, tuple[int, ...]] = {}
         self._ascii = self._ascii_path()
+        self._side: Tokenizer | None = None  # pairs: one side truncated (encode_pairs_slow)
+        self._whole = Tokenizer.from_str(tokenizer.to_str())  # pairs: whole lengths, where they decide
+        self._whole.no_truncation()
 
     @classmethod
     def from_file(cls, path: str | Path, max_tokens: int) -> TextTokenizer:
@@ -258,9 +283,16 @@ class TextTokenizer:
         if any(char in content for content in added for char in CUT_CHARS):
             return None
         lowercase = bool(normalizer.lowercase)
+        pair = tok.encode("a", "b")
+        a, b = (model.tokenize(word)[0].id for word in "ab")
+        pairs = (
+            truncation["strategy"] == "longest_first"
+            and pair.ids == [empty[0], a, empty[1], b, empty[1]]
+            and pair.type_ids == [0, 0, 0, 1, 1]
+        )
         return _AsciiPath(
             lowercase, ASCII_WORDS[lowercase], empty[0], empty[1], (unk,), model.max_input_chars_per_word, model,
-            tuple(content.lower() for content in added),
+            tuple(content.lower() for content in added), pairs,
         )  # fmt: skip
 
     def _encode_ascii(self, text: str) -> list[int] | None:
@@ -278,22 +310,103 @@ class TextTokenizer:
 
     def _ascii_ids(self, text: str) -> list[int] | None:
         path = self._ascii
+        inner = self._inner_ids(text, self.max_tokens - 2)  # [CLS] and [SEP] around them
+        return None if inner is None else [path.first, *inner, path.last]
+
+    def _inner_ids(self, text: str, limit: int) -> list[int] | None:
+        """The first `limit` WordPiece ids of an ASCII text, no special tokens; None if it holds an added token."""
+        path = self._ascii
         text = text.translate(ASCII_CONTROL)
         if path.lowercase:
             text = text.lower()
         if any(token in text for token in path.added):
             return None
-        keep = self.max_tokens - 1  # [CLS] and the words' ids; [SEP] goes after them
-        ids = [path.first]
-        for word in path.words.finditer(text):  # lazily: a text without whitespace stops at max_tokens too
+        ids: list[int] = []
+        for word in path.words.finditer(text):  # lazily: a text without whitespace stops at the limit too
             word = word.group()
             pieces = self._words.get(word)
             ids += self._word_pieces(word) if pieces is None else pieces
-            if len(ids) >= keep:
-                del ids[keep:]
+            if len(ids) >= limit:
+                del ids[limit:]
                 break
-        ids.append(path.last)
         return ids
+
+    def encode_pairs(self, queries: list[str], texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ids, lengths, types) of (query, text) pairs, packed as encode's, each pair `[CLS] query [SEP] text
+        [SEP]` with token types 0 up to the first [SEP] and 1 after it, truncated to max_tokens longest first:
+        the Hugging Face tokenizer's ids and types for tokenizer(query, text)."""
+        rows: list = [None] * len(texts)
+        others = []
+        for index, pair in enumerate(zip(queries, texts, strict=True)):
+            row = self._encode_pair_ascii(*pair) if self._ascii and self._ascii.pairs else None
+            if row is None:
+                others.append(index)
+            else:
+                rows[index] = row
+        if others:
+            encodings = self.encode_pairs_slow([queries[i] for i in others], [texts[i] for i in others])
+            for index, encoding in zip(others, encodings, strict=True):
+                rows[index] = (encoding.ids, encoding.type_ids)
+        lengths = np.fromiter((len(ids) for ids, _ in rows), dtype=np.int64, count=len(rows))
+        total = int(lengths.sum())
+        ids = np.fromiter(chain.from_iterable(ids for ids, _ in rows), dtype=np.int32, count=total)
+        types = np.fromiter(chain.from_iterable(types for _, types in rows), dtype=np.int32, count=total)
+        return ids, lengths, types
+
+    def encode_pairs_slow(self, queries: list[str], texts: list[str]) -> list[Encoding]:
+        """The Hugging Face tokenizer's encodings of (query, text) pairs, each side first cut to a few tokens more
+        than the pair can keep. Whole, a long pair is costly beyond its length: the tokenizer's longest-first
+        truncation also makes every combination of the two sides' overflowing windows (two texts of 10,000
+        tokens, 128 kept: a million encodings). A side is cut at the end of its (room + 1)-th token, which
+        keeps the truncation's choice; where both sides are longer than the room, the longer keeps one token
+        more, as only their whole lengths tell which keeps the odd token."""
+        room = self.max_tokens - self.tokenizer.num_special_tokens_to_add(True)
+        side = self._side_tokenizer(room + 2)
+        cut = [encode_truncated(side, sides, add_special_tokens=False) for sides in (queries, texts)]
+        shorter_queries, shorter_texts = [], []
+        for query, text, first, second in zip(queries, texts, *cut, strict=True):
+            keep_first = keep_second = room + 1
+            if len(first.ids) > room and len(second.ids) > room:
+                whole_first, whole_second = (len(e.ids) for e in self._whole.encode_batch([query, text], False))
+                keep_first += whole_first > whole_second
+                keep_second += whole_second > whole_first
+            shorter_queries.append(_first_tokens(query, first, keep_first))
+            shorter_texts.append(_first_tokens(text, second, keep_second))
+        return self.tokenizer.encode_batch(list(zip(shorter_queries, shorter_texts, strict=True)))
+
+    def _side_tokenizer(self, length: int) -> Tokenizer:
+        """The tokenizer truncating one text to `length` tokens, special tokens left out by the caller."""
+        if self._side is None or self._side.truncation["max_length"] != length:
+            self._side = Tokenizer.from_str(self.tokenizer.to_str())
+            self._side.no_padding()
+            self._side.enable_truncation(max_length=length)
+        return self._side
+
+    def _encode_pair_ascii(self, query: str, text: str) -> tuple[list[int], list[int]] | None:
+        if not (query.isascii() and text.isascii()):
+            return None
+        room = self.max_tokens - 3  # [CLS], [SEP], [SEP]
+        first, second = self._inner_prefix_ids(query, room + 1), self._inner_prefix_ids(text, room + 1)
+        if first is None or second is None:
+            return None
+        if len(first) > room and len(second) > room and room % 2:
+            return None  # which one is longer decides who keeps the odd token: only the whole texts can say
+        keep_first, keep_second = longest_first(len(first), len(second), room)
+        path = self._ascii
+        ids = [path.first, *first[:keep_first], path.last, *second[:keep_second], path.last]
+        return ids, [0] * (keep_first + 2) + [1] * (keep_second + 1)
+
+    def _inner_prefix_ids(self, text: str, limit: int) -> list[int] | None:
+        """_inner_ids, a long text first read up to its last whitespace within PREFIX_CHARS_PER_TOKEN * limit
+        characters (the words before that whitespace are whole, as in _encode_ascii)."""
+        window = PREFIX_CHARS_PER_TOKEN * limit
+        if len(text) > window:
+            cut = max(text.rfind(char, 0, window) for char in CUT_CHARS)
+            if cut > 0:
+                ids = self._inner_ids(text[:cut], limit)
+                if ids is None or len(ids) == limit:
+                    return ids
+        return self._inner_ids(text, limit)
 
     def _word_pieces(self, word: str) -> tuple[int, ...]:
         path = self._ascii

@@ -1,4 +1,5 @@
-"""Triton Python model `tokenizer` (two-stage topology): text -> token ids + attention mask.
+"""Triton Python model `tokenizer` (two-stage topology): text -> token ids + attention mask (a reranker's
+(query, text) -> token ids, mask and token types).
 
 Every text of every request in a dynamic batch is tokenized in one call (text_tokenizer.TextTokenizer); a
 request over tokenizer.max_text_bytes or max_request_bytes, or with invalid UTF-8, fails with INVALID_ARG
@@ -20,7 +21,7 @@ import gc
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from common.contract import ENGINE_INPUTS, TEXT_INPUT, TOKENS_OUTPUT
+from common.contract import ENGINE_INPUTS, QUERY_INPUT, TEXT_INPUT, TOKEN_TYPES, TOKENS_OUTPUT
 from common.padding import pad_packed
 
 from .model_args import instance_count, model_config
@@ -34,6 +35,7 @@ class TritonPythonModel:
         self.text = TextInput(version_dir, params, instance_count(config))
         self.pad_id = int(params["pad_token_id"])
         self.buckets = [int(b) for b in params.get("pad_to_buckets", "").split(",") if b]
+        self.pairs = params.get("pairs") == "true"  # a reranker's (query, text) rows
         self._create_metrics(args, int(config["max_batch_size"]))
         gc.freeze()  # what loading made lives on: later collections need not scan it
 
@@ -44,9 +46,14 @@ class TritonPythonModel:
         self._metrics.add(tokenizer_counts(requests, lengths))
 
     def execute(self, requests: list) -> list:
-        raws = [pb_utils.get_input_tensor_by_name(request, TEXT_INPUT).as_numpy() for request in requests]
-        texts, parts = self.text.gather(raws)
-        ids, lengths = self.text.tokenizer.encode(texts)
+        texts_in = [pb_utils.get_input_tensor_by_name(request, TEXT_INPUT).as_numpy() for request in requests]
+        if self.pairs:
+            queries_in = [pb_utils.get_input_tensor_by_name(request, QUERY_INPUT).as_numpy() for request in requests]
+            queries, texts, parts = self.text.gather_pairs(queries_in, texts_in)
+            ids, lengths, types = self.text.tokenizer.encode_pairs(queries, texts)
+        else:
+            texts, parts = self.text.gather(texts_in)
+            (ids, lengths), types = self.text.tokenizer.encode(texts), None
         self._record(len(requests), lengths)
         starts = np.cumsum(lengths) - lengths
         tokens = lengths.astype(np.int32).reshape(-1, 1)
@@ -59,6 +66,9 @@ class TritonPythonModel:
                 continue
             padded, mask = pad_packed(ids, lengths[part], self.pad_id, self.buckets, starts[part])
             tensors = [pb_utils.Tensor(name, array) for name, array in zip(ENGINE_INPUTS, (padded, mask), strict=True)]
+            if types is not None:
+                padded_types = pad_packed(types, lengths[part], 0, self.buckets, starts[part])[0]
+                tensors.append(pb_utils.Tensor(TOKEN_TYPES, padded_types))
             tensors.append(pb_utils.Tensor(TOKENS_OUTPUT, tokens[part]))
             responses.append(pb_utils.InferenceResponse(tensors))
         return responses

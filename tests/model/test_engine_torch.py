@@ -281,6 +281,37 @@ def test_classification_head_matches_transformers(tmp_path, act):
     np.testing.assert_allclose(logits, expected, atol=1e-5, rtol=1e-4)
 
 
+def _pairs(rng, count: int, vocab: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(ids, types) of random (query, text) pairs, as [CLS] q [SEP] t [SEP] with types 0 then 1."""
+    ids, types = [], []
+    for q, d in rng.integers(1, 60, size=(count, 2)):
+        row = np.concatenate(
+            [[101], rng.integers(1000, vocab, size=q), [102], rng.integers(1000, vocab, size=d), [102]]
+        )
+        ids.append(row.astype(np.int32))
+        types.append(np.array([0] * (q + 2) + [1] * (d + 1), dtype=np.int32))
+    return ids, types
+
+
+def test_cross_encoder_pairs_match_transformers(tmp_path):
+    """A reranker's packed pairs carry their token types into the embedding: its one logit as transformers'."""
+    small = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128}
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(transformers.BertConfig(num_labels=1, **small)).eval()
+    model.save_pretrained(str(tmp_path), safe_serialization=True)
+    _spec("cls", False, 64, "rerank", 1).save(tmp_path)
+    engine = load_engine("torch", tmp_path, "cpu", {})
+    ids, types = _pairs(np.random.default_rng(0), 24, 30000)
+    logits = engine.forward(ids, types)
+    padded_ids, mask = _pad(ids)
+    padded_types, _ = _pad(types)
+    with torch.no_grad():
+        expected = model(input_ids=padded_ids, attention_mask=mask, token_type_ids=padded_types).logits.numpy()
+    assert logits.shape == (24, 1)
+    np.testing.assert_allclose(logits, expected, atol=1e-5, rtol=1e-4)
+    assert np.abs(logits - engine.forward(ids, [np.zeros_like(row) for row in types])).max() > 1e-4, "types unused"
+
+
 # Run in a process of its own: Triton picks its interpreter when the kernels are decorated, at import.
 INTERPRETED_KERNELS = """
 import sys
@@ -311,6 +342,40 @@ def test_triton_kernels_match_torch_ops_under_the_interpreter(minilm_dir, tmp_pa
     triton_rows, torch_rows = np.load(out)
     np.testing.assert_allclose(triton_rows, torch_rows, atol=2e-6, rtol=0)
     assert np.abs(triton_rows - torch_rows).max() > 0, "the two paths ran different code"
+
+
+INTERPRETED_PAIRS = """
+import sys
+import numpy as np
+from model_repository.stages.engines import load_engine
+from tests.model.test_engine_torch import _pairs
+ids, types = _pairs(np.random.default_rng(1), 6, 30000)
+rows = []
+for options in ({"kernels": "triton", "attention": "triton"}, {"kernels": "torch", "attention": "sdpa"}):
+    engine = load_engine("torch", sys.argv[1], "cpu", {"precision": "fp32", **options})
+    rows.append(engine.forward(ids, types))
+np.save(sys.argv[2], np.stack(rows))
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs OpenAI Triton (the dev extras pin it)")
+def test_the_embedding_kernel_reads_a_pairs_token_types_under_the_interpreter(tmp_path):
+    """The pair path of the embedding + LayerNorm kernel (types in the ids' top bits) in Triton's interpreter,
+    against the torch ops: a cross-encoder's logits agree."""
+    small = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128}
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(transformers.BertConfig(num_labels=1, **small)).eval()
+    model.save_pretrained(str(tmp_path), safe_serialization=True)
+    _spec("cls", False, 64, "rerank", 1).save(tmp_path)
+    out = tmp_path / "rows.npy"
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run(
+        [sys.executable, "-c", INTERPRETED_PAIRS, str(tmp_path), str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    triton_rows, torch_rows = np.load(out)
+    np.testing.assert_allclose(triton_rows, torch_rows, atol=2e-6, rtol=0)
 
 
 def test_bucket_padding_leaves_rows_unchanged(tmp_path):
@@ -419,6 +484,31 @@ def test_gpu_minilm_bf16(minilm_dir, hf_minilm, token_ids):
     cos = _cosine(engine.forward(token_ids), _reference(hf_minilm.to("cuda"), token_ids, device="cuda"))
     print(f"minilm bf16: min cosine {cos.min():.6f}")
     assert cos.min() >= 0.9995, cos
+
+
+@gpu
+def test_gpu_cross_encoder_fp16_scores_pairs_within_2e3(tmp_path):
+    """A MiniLM-sized cross-encoder (random weights, its head scaled so that scores spread) in fp16 on the GPU:
+    sigmoid(logit) within 2e-3 of transformers fp32, pairs ranked alike where fp32 tells them apart by 5e-3."""
+    torch.manual_seed(0)
+    shape = {"num_hidden_layers": 6, "hidden_size": 384, "num_attention_heads": 12, "intermediate_size": 1536}
+    model = transformers.BertForSequenceClassification(transformers.BertConfig(num_labels=1, **shape)).eval()
+    with torch.no_grad():
+        model.classifier.weight.mul_(40.0)
+    model.save_pretrained(str(tmp_path), safe_serialization=True)
+    _spec("cls", False, 384, "rerank", 1).save(tmp_path)
+    ids, types = _pairs(np.random.default_rng(2), 96, 30000)
+    engine = load_engine("torch", tmp_path, "cuda:0", {"precision": "fp16"})
+    served = 1 / (1 + np.exp(-engine.forward(ids, types)[:, 0].astype(np.float64)))
+    padded_ids, mask = _pad(ids)
+    padded_types, _ = _pad(types)
+    with torch.no_grad():
+        logits = model(input_ids=padded_ids, attention_mask=mask, token_type_ids=padded_types).logits[:, 0]
+    expected = torch.sigmoid(logits.double()).numpy()
+    print(f"cross-encoder fp16: max |score - fp32| {np.abs(served - expected).max():.2e}")
+    np.testing.assert_allclose(served, expected, atol=2e-3, rtol=0)  # measured 1.2e-3 on an H200
+    apart = np.abs(expected[:, None] - expected[None, :]) > 5e-3
+    assert (np.sign(served[:, None] - served[None, :]) == np.sign(expected[:, None] - expected[None, :]))[apart].all()
 
 
 @pytest.fixture(scope="module")

@@ -62,9 +62,9 @@ class EncodeSpy:
     def __getattr__(self, name):
         return getattr(self.tokenizer, name)
 
-    def encode_batch(self, texts):
+    def encode_batch(self, texts, **options):
         self.calls.append(list(texts))
-        return self.tokenizer.encode_batch(texts)
+        return self.tokenizer.encode_batch(texts, **options)
 
 
 # Long texts as words and separators. A separator of only characters that BERT's normalizer drops as

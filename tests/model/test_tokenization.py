@@ -121,9 +121,9 @@ def test_texts_without_whitespace_are_read_from_a_bounded_window():
         def __getattr__(self, name):
             return getattr(inner, name)
 
-        def encode_batch(self, batch):
+        def encode_batch(self, batch, **options):
             calls.append(list(batch))
-            return inner.encode_batch(batch)
+            return inner.encode_batch(batch, **options)
 
     text_tokenizer.tokenizer = Spy()
     ids = packed_rows(text_tokenizer, texts)

@@ -14,9 +14,10 @@ class Engine(ABC):
     """Runs the encoder and the task head on whole batches of unpadded token sequences.
 
     `forward_packed` takes every sequence's token ids one after another (int32 [total tokens]) with each
-    sequence's length (int64 [sequences]), no padding, and returns one float32 row per sequence: the pooled
-    (and, per the spec, normalized) embedding, or the logits. How the batch is laid out for the model (padded
-    chunks, packed tokens) is the engine's own business.
+    sequence's length (int64 [sequences]), no padding, and for a model of (query, text) pairs each token's
+    type beside its id (int32 [total tokens]: 0 query, 1 text); it returns one float32 row per sequence: the
+    pooled (and, per the spec, normalized) embedding, or the logits. How the batch is laid out for the model
+    (padded chunks, packed tokens) is the engine's own business.
     """
 
     def __init__(self, model_dir: Path, spec: ServingSpec, device: str, options: dict) -> None:
@@ -28,11 +29,12 @@ class Engine(ABC):
         self.computed_tokens = 0
 
     @abstractmethod
-    def forward_packed(self, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray: ...
+    def forward_packed(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None) -> np.ndarray: ...
 
-    def forward(self, sequences: list[np.ndarray]) -> np.ndarray:
-        """forward_packed for a list of sequences, one int array each (tests, benchmarks)."""
-        return self.forward_packed(*pack_sequences(sequences))
+    def forward(self, sequences: list[np.ndarray], types: list[np.ndarray] | None = None) -> np.ndarray:
+        """forward_packed for a list of sequences, one int array each, and their token types (tests, benchmarks)."""
+        ids, lengths = pack_sequences(sequences)
+        return self.forward_packed(ids, lengths, None if types is None else pack_sequences(types)[0])
 
 
 def pack_sequences(sequences: list) -> tuple[np.ndarray, np.ndarray]:

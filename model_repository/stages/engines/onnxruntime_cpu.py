@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
-from common.contract import ENGINE_INPUTS
+from common.contract import TOKEN_TYPES
 from common.padding import pad_packed, plan_chunks
 
 from .base import Engine
@@ -29,7 +29,7 @@ class OnnxRuntimeCpuEngine(Engine):
             str(self.model_dir / "model.onnx"), session_options, providers=["CPUExecutionProvider"]
         )
 
-    def forward_packed(self, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    def forward_packed(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None) -> np.ndarray:
         out = np.empty((len(lengths), self.spec.output_size), dtype=np.float32)
         starts = np.cumsum(lengths) - lengths
         order = np.argsort(lengths, kind="stable")
@@ -37,7 +37,10 @@ class OnnxRuntimeCpuEngine(Engine):
         for start, stop in plan_chunks(lengths[order]):
             chunk = order[start:stop]
             padded, mask = pad_packed(ids, lengths[chunk], self.spec.pad_token_id, starts=starts[chunk])
+            feeds = {"input_ids": padded, "attention_mask": mask}
+            if self.spec.pairs:
+                feeds[TOKEN_TYPES] = pad_packed(types, lengths[chunk], 0, starts=starts[chunk])[0]
             self.computed_tokens += padded.size
-            (result,) = self.session.run(None, dict(zip(ENGINE_INPUTS, (padded, mask), strict=True)))
+            (result,) = self.session.run(None, feeds)
             out[chunk] = result
         return out

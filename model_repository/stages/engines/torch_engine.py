@@ -63,7 +63,17 @@ from .torch_kernels import (
     triton,
     varlen_attn_kernel,
 )
-from .torch_layout import cpu_chunks, layout_size, length_class, next_pow2, pack, token_bucket, views
+from .torch_layout import (
+    ID_MASK,
+    TYPE_SHIFT,
+    cpu_chunks,
+    layout_size,
+    length_class,
+    next_pow2,
+    pack,
+    token_bucket,
+    views,
+)
 from .torch_weights import BertCheckpoint, Layer, load_state_dict
 
 log = logging.getLogger(__name__)
@@ -180,11 +190,18 @@ class TorchEngine(BertCheckpoint, KernelCheck, Engine):
         if self.kernels == "triton":
             out = torch.empty((n, self.hidden), device=ids.device, dtype=self.dtype)
             block_r = 4
+            pairs = self.spec.pairs
             embed_ln_kernel[(triton.cdiv(n, block_r),)](
-                ids, pos, self.word, self.posw, self.type0, self.emb_ln[0], self.emb_ln[1], out, n, self.eps,
+                ids, pos, self.word, self.posw, self.types_table if pairs else self.type0, self.emb_ln[0],
+                self.emb_ln[1], out, n, self.eps, PAIRS=pairs, SHIFT=TYPE_SHIFT,
                 HIDDEN=self.hidden, BLOCK_H=self.block_h, BLOCK_R=block_r, num_warps=4,
             )  # fmt: skip
             return out
+        if self.spec.pairs:
+            ids = ids.long()
+            types = F.embedding(ids >> TYPE_SHIFT, self.types_table)
+            x = F.embedding(ids & ID_MASK, self.word) + F.embedding(pos.long(), self.posw) + types
+            return F.layer_norm(x, (self.hidden,), self.emb_ln_t[0], self.emb_ln_t[1], self.eps)
         x = F.embedding(ids.long(), self.word) + F.embedding(pos.long(), self.posw) + self.type0
         return F.layer_norm(x, (self.hidden,), self.emb_ln_t[0], self.emb_ln_t[1], self.eps)
 
@@ -282,7 +299,7 @@ class TorchEngine(BertCheckpoint, KernelCheck, Engine):
 
     def _pool_head(self, x: torch.Tensor, cu: torch.Tensor, seg: torch.Tensor, n_seqs: int) -> torch.Tensor:
         """fp32 [n_seqs, output_size]: pooled (normalized) embeddings or classifier logits."""
-        if self.spec.task == "classification":
+        if self.spec.task in ("classification", "rerank"):
             first = cu[:-1].long().clamp(max=x.shape[0] - 1)
             h = x.index_select(0, first).float()
             if self.pooler is not None:
@@ -337,7 +354,9 @@ class TorchEngine(BertCheckpoint, KernelCheck, Engine):
         """Query rows per tile of the packed layout: the Triton attention's BLOCK_M, 0 for the others."""
         return self.attn_block_m if self.attention == "triton" else 0
 
-    def forward_packed(self, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    def forward_packed(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None) -> np.ndarray:
+        if self.spec.pairs:
+            ids = ids | (types.astype(np.int32) << TYPE_SHIFT)
         n = len(lengths)
         if n == 0:
             return np.zeros((0, self.output_size), dtype=np.float32)

@@ -4,7 +4,7 @@ The one place OpenAI Triton is imported, guarded: without it (a CPU-only torch) 
 kernel name is None and the engine uses torch ops (also when the kernels fail its start-up check; the
 torch_add_ln and torch_gelu below are two of them). Rows are tokens of the packed stream; HIDDEN is the
 hidden size, BLOCK_H its next power of two. The engine launches them on these grids:
-  embed_ln_kernel      (row blocks,)       ids, positions -> LayerNorm(word + position + type-0 embedding)
+  embed_ln_kernel      (row blocks,)       ids, positions -> LayerNorm(word + position + token type embedding)
   add_ln_kernel        (row blocks,)       Y <- LayerNorm(Y [+ R] [+ BIAS]) in place
   gelu_kernel          (element blocks,)   X <- GELU(X) in place, erf or tanh
   varlen_attn_kernel   (tiles, heads)      packed QKV [tokens, 3 * HIDDEN] -> OUT [tokens, HIDDEN], per sequence
@@ -57,15 +57,24 @@ if HAVE_TRITON:
 
     @triton.jit
     def embed_ln_kernel(
-        IDS, POS, WORD, POSW, TYPE0, G, B, OUT, n_rows, eps,
+        IDS, POS, WORD, POSW, TYPES, G, B, OUT, n_rows, eps,
+        PAIRS: tl.constexpr, SHIFT: tl.constexpr,
         HIDDEN: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
     ):  # fmt: skip
+        """OUT <- LayerNorm(word + position + token type embeddings). PAIRS: each id carries its token's type in
+        the bits from SHIFT up, and TYPES is the [types, HIDDEN] table; else TYPES is type 0's row."""
         rows, cols, rmask, cmask, mask = row_block(n_rows, HIDDEN, BLOCK_H, BLOCK_R)
         ids = tl.load(IDS + rows, mask=rmask, other=0).to(tl.int64)
         pos = tl.load(POS + rows, mask=rmask, other=0).to(tl.int64)
-        x = tl.load(WORD + ids[:, None] * HIDDEN + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if PAIRS:
+            kinds = ids >> SHIFT
+            ids = ids & ((1 << SHIFT) - 1)
+            x = tl.load(TYPES + kinds[:, None] * HIDDEN + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        else:
+            x = tl.zeros((BLOCK_R, BLOCK_H), dtype=tl.float32)
+            x += tl.load(TYPES + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        x += tl.load(WORD + ids[:, None] * HIDDEN + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         x += tl.load(POSW + pos[:, None] * HIDDEN + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        x += tl.load(TYPE0 + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
         y = layer_norm_rows(x, G, B, cols, mask, cmask, eps, HIDDEN)
         out_rows = rows.to(tl.int64)[:, None] * HIDDEN
         tl.store(OUT + out_rows + cols[None, :], y.to(OUT.dtype.element_ty), mask=mask)

@@ -14,6 +14,11 @@ import torch
 
 from common.padding import plan_chunks
 
+# A pair model's packed ids carry each token's type in their top bits (id | type << TYPE_SHIFT), so the one
+# int32 stream, its graphs and its copies stay as they are; the embedding splits them again.
+TYPE_SHIFT = 24
+ID_MASK = (1 << TYPE_SHIFT) - 1
+
 
 def next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .torch_layout import next_pow2
+from .torch_layout import TYPE_SHIFT, next_pow2
 
 log = logging.getLogger(__name__)
 
@@ -81,11 +81,15 @@ class BertCheckpoint:
         self.word = w("embeddings.word_embeddings.weight")
         self.posw = w("embeddings.position_embeddings.weight")
         type_emb = sd.get("embeddings.token_type_embeddings.weight")
-        self.type0 = (
-            type_emb[0].to(device=dev, dtype=dt).contiguous()
+        # [types, hidden]: row 0 for every token of a single text; a pair's tokens pick theirs (TYPE_SHIFT).
+        self.types_table = (
+            type_emb.to(device=dev, dtype=dt).contiguous()
             if type_emb is not None
-            else torch.zeros(self.hidden, device=dev, dtype=dt)
+            else torch.zeros((1, self.hidden), device=dev, dtype=dt)
         )
+        self.type0 = self.types_table[0].contiguous()
+        if self.spec.pairs and self.word.shape[0] >= 1 << TYPE_SHIFT:
+            raise ValueError(f"a vocabulary of {self.word.shape[0]} ids leaves no bits for a pair's token types")
         self.emb_ln = ln("embeddings.LayerNorm")
         self.emb_ln_t = tuple(t.to(dt) for t in self.emb_ln)
         self.layers = []
@@ -105,13 +109,15 @@ class BertCheckpoint:
             layer.ln1_t = tuple(t.to(dt) for t in layer.ln1)
             layer.ln2_t = tuple(t.to(dt) for t in layer.ln2)
             self.layers.append(layer)
-        if self.spec.task == "classification":
+        if self.spec.task in ("classification", "rerank"):
             f32 = torch.float32
             if "pooler.dense.weight" in sd:
                 self.pooler = (w("pooler.dense.weight", f32), w("pooler.dense.bias", f32))
             else:
                 self.pooler = None
             self.classifier = (w("classifier.weight", f32), w("classifier.bias", f32))
+            if self.spec.task == "rerank":  # a reranker's score is its first logit
+                self.classifier = tuple(part[:1].contiguous() for part in self.classifier)
             self.output_size = int(self.classifier[0].shape[0])
         else:
             self.output_size = self.hidden
