@@ -3,7 +3,10 @@ include docker/versions.env
 SETTINGS ?= settings/defaults.toml
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := build/stamps/$(subst /,_,$(SETTINGS))
+# Several models in one server: SETTINGS="a.toml b.toml", one settings file per model (docs/settings.md).
+empty :=
+space := $(empty) $(empty)
+STAMP := build/stamps/$(subst $(space),+,$(subst /,_,$(strip $(SETTINGS))))
 
 .PHONY: setup export engines repo serve test test-unit test-gpu lint typecheck bench perf-check loadtest reliability images compose bundle chart-check clean
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from common.contract import ENGINE_INPUTS, OPTION_PREFIX, TEXT_INPUT, TOKENS_OUTPUT, ServingSpec
+from common.contract import OPTION_PREFIX, QUERY_INPUT, SCORE_OUTPUT, TEXT_INPUT, TOKENS_OUTPUT, ServingSpec
 from settings import Settings
+from settings.deployment import ServedNames
 from settings.schema import EncoderSettings, StageSettings
 from settings.tensorrt_profiles import graph_batches, profiles
 
@@ -65,27 +66,34 @@ def _python_stage(name: str, stage: StageSettings, **fields) -> mc.ModelConfig:
     )
 
 
-def tokenizer_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
+def tokenizer_config(settings: Settings, spec: ServingSpec, names: ServedNames) -> mc.ModelConfig:
     stage = settings.tokenizer
     return _python_stage(
-        "tokenizer",
+        names.tokenizer,
         stage,
-        input=[_tensor(mc.ModelInput, TEXT_INPUT, mc.TYPE_STRING, [1])],
+        input=_text_inputs(spec),
         output=[
-            *(_tensor(mc.ModelOutput, name, mc.TYPE_INT32, [-1]) for name in ENGINE_INPUTS),
+            *(_tensor(mc.ModelOutput, name, mc.TYPE_INT32, [-1]) for name in spec.engine_inputs),
             _tensor(mc.ModelOutput, TOKENS_OUTPUT, mc.TYPE_INT32, [1]),
         ],
         parameters=_parameters(
             {
                 **_text_limits(settings, spec),
+                "pairs": "true" if spec.pairs else "false",
                 # A TensorRT encoder batches only equal shapes: pad each request up to a profile's bucket.
                 "pad_to_buckets": ",".join(map(str, settings.tensorrt.sequence_buckets))
                 if settings.engine.kind == "tensorrt"
                 else "",
             }
         ),
-        model_warmup=_text_warmup(stage.max_batch_size),
+        model_warmup=_text_warmup(spec, stage.max_batch_size),
     )
+
+
+def _text_inputs(spec: ServingSpec) -> list[mc.ModelInput]:
+    """TYPE_STRING [1] per row: the text, and a reranker's query beside it."""
+    names = (QUERY_INPUT, TEXT_INPUT) if spec.pairs else (TEXT_INPUT,)
+    return [_tensor(mc.ModelInput, name, mc.TYPE_STRING, [1]) for name in names]
 
 
 def _engine_parameters(settings: Settings) -> dict[str, object]:
@@ -104,13 +112,12 @@ def _text_limits(settings: Settings, spec: ServingSpec) -> dict[str, object]:
     }
 
 
-def _text_warmup(max_batch_size: int) -> list[mc.ModelWarmup]:
+def _text_warmup(spec: ServingSpec, max_batch_size: int) -> list[mc.ModelWarmup]:
+    """Warm-up requests of 1 and 8 rows, each input read from the model folder's warmup/ file of its name."""
+    names = (QUERY_INPUT, TEXT_INPUT) if spec.pairs else (TEXT_INPUT,)
+    inputs = {name: mc.ModelWarmup.Input(data_type=mc.TYPE_STRING, dims=[1], input_data_file=name) for name in names}
     return [
-        mc.ModelWarmup(
-            name=f"text_batch_{size}",
-            batch_size=size,
-            inputs={TEXT_INPUT: mc.ModelWarmup.Input(data_type=mc.TYPE_STRING, dims=[1], input_data_file=TEXT_INPUT)},
-        )
+        mc.ModelWarmup(name=f"text_batch_{size}", batch_size=size, inputs=inputs)
         for size in sorted({1, min(8, max_batch_size)})
     ]
 
@@ -119,6 +126,8 @@ def _task_outputs(spec: ServingSpec) -> list[mc.ModelOutput]:
     """What clients get back from the ensemble, whatever the topology: the task's outputs and each text's
     token count (what usage.prompt_tokens of the OpenAI front reports)."""
     tokens = _tensor(mc.ModelOutput, TOKENS_OUTPUT, mc.TYPE_INT32, [1])
+    if spec.pairs:
+        return [_tensor(mc.ModelOutput, SCORE_OUTPUT, mc.TYPE_FP32, [1]), tokens]
     if spec.task == "classification":
         return [
             _tensor(mc.ModelOutput, "label", mc.TYPE_STRING, [1]),
@@ -128,36 +137,37 @@ def _task_outputs(spec: ServingSpec) -> list[mc.ModelOutput]:
     return [_tensor(mc.ModelOutput, "embedding", mc.TYPE_FP32, [spec.output_size]), tokens]
 
 
-def one_stage_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
-    """The one-stage model, under the name clients call (`ensemble`): text in, the task's outputs out.
+def one_stage_config(settings: Settings, spec: ServingSpec, names: ServedNames) -> mc.ModelConfig:
+    """The one-stage model, under the name clients call (`ensemble`, or with several models its own name): text
+    (and a reranker's query) in, the task's outputs out.
 
     Instances, GPUs, queue delay and bounds come from [encoder], its batch limit from [ensemble]: it is at once
     the most texts one request may carry and the most one execute() runs. A one-step Triton ensemble in front
     would keep the two limits apart, but it cost 30 us of tritonserver CPU per request and 3-5 % throughput
     on the H200 (docs/data-path.md, one stage or two)."""
     config = _python_stage(
-        "ensemble",
+        names.model,
         settings.encoder,
-        input=[_tensor(mc.ModelInput, TEXT_INPUT, mc.TYPE_STRING, [1])],
+        input=_text_inputs(spec),
         output=_task_outputs(spec),
         parameters=_parameters({**_text_limits(settings, spec), **_engine_parameters(settings)}),
-        model_warmup=_text_warmup(settings.ensemble.max_batch_size),
+        model_warmup=_text_warmup(spec, settings.ensemble.max_batch_size),
     )
     config.max_batch_size = settings.ensemble.max_batch_size
     return config
 
 
-def encoder_config(settings: Settings, spec: ServingSpec, warmup_tokens: int) -> mc.ModelConfig:
+def encoder_config(settings: Settings, spec: ServingSpec, names: ServedNames, warmup_tokens: int) -> mc.ModelConfig:
     stage = settings.encoder
     ragged = {"allow_ragged_batch": True}
     warmup_inputs = {
         name: mc.ModelWarmup.Input(data_type=mc.TYPE_INT32, dims=[warmup_tokens], input_data_file=name)
-        for name in ENGINE_INPUTS
+        for name in spec.engine_inputs
     }
     return _python_stage(
-        "encoder",
+        names.encoder,
         stage,
-        input=[_tensor(mc.ModelInput, name, mc.TYPE_INT32, [-1], **ragged) for name in ENGINE_INPUTS],
+        input=[_tensor(mc.ModelInput, name, mc.TYPE_INT32, [-1], **ragged) for name in spec.engine_inputs],
         output=[_tensor(mc.ModelOutput, spec.output_name, mc.TYPE_FP32, [spec.output_size])],
         parameters=_parameters(_engine_parameters(settings)),
         model_warmup=[
@@ -167,7 +177,7 @@ def encoder_config(settings: Settings, spec: ServingSpec, warmup_tokens: int) ->
     )
 
 
-def tensorrt_encoder_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
+def tensorrt_encoder_config(settings: Settings, spec: ServingSpec, names: ServedNames) -> mc.ModelConfig:
     """The encoder as a `tensorrt_plan` model: one profile per bucket, CUDA graphs per bucket and batch."""
 
     stage, trt = settings.encoder, settings.tensorrt
@@ -176,7 +186,8 @@ def tensorrt_encoder_config(settings: Settings, spec: ServingSpec) -> mc.ModelCo
     for length in trt.sequence_buckets if trt.cuda_graphs else ():
         previous = 0
         for batch in graph_batches(settings, length):
-            shape = {name: mc.ModelOptimizationPolicy.Cuda.GraphSpec.Shape(dim=[length]) for name in ENGINE_INPUTS}
+            dims = mc.ModelOptimizationPolicy.Cuda.GraphSpec.Shape(dim=[length])
+            shape = {name: dims for name in spec.engine_inputs}
             graphs.append(
                 mc.ModelOptimizationPolicy.Cuda.GraphSpec(
                     batch_size=batch,
@@ -188,11 +199,11 @@ def tensorrt_encoder_config(settings: Settings, spec: ServingSpec) -> mc.ModelCo
             )
             previous = batch
     return mc.ModelConfig(
-        name="encoder",
+        name=names.encoder,
         platform="tensorrt_plan",
         default_model_filename="model.plan",
         max_batch_size=stage.max_batch_size,
-        input=[_tensor(mc.ModelInput, name, mc.TYPE_INT32, [-1]) for name in ENGINE_INPUTS],
+        input=[_tensor(mc.ModelInput, name, mc.TYPE_INT32, [-1]) for name in spec.engine_inputs],
         output=[_tensor(mc.ModelOutput, spec.output_name, mc.TYPE_FP32, [spec.output_size])],
         dynamic_batching=_batching(
             stage, list(stage.preferred_batch_sizes) or sorted({p["opt"][0] for p in plan_profiles})
@@ -213,9 +224,9 @@ def tensorrt_encoder_config(settings: Settings, spec: ServingSpec) -> mc.ModelCo
     )
 
 
-def postprocess_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
+def postprocess_config(settings: Settings, spec: ServingSpec, names: ServedNames) -> mc.ModelConfig:
     return _python_stage(
-        "postprocess",
+        names.postprocess,
         settings.postprocess,
         input=[_tensor(mc.ModelInput, "logits", mc.TYPE_FP32, [spec.output_size])],
         output=[
@@ -225,45 +236,47 @@ def postprocess_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
     )
 
 
-def ensemble_config(settings: Settings, spec: ServingSpec) -> mc.ModelConfig:
-    """The two-stage ensemble clients call: text in, the task's outputs out."""
+def ensemble_config(settings: Settings, spec: ServingSpec, names: ServedNames) -> mc.ModelConfig:
+    """The two-stage ensemble clients call: text (and a reranker's query) in, the task's outputs out."""
     step = mc.ModelEnsembling.Step
+    text_inputs = [tensor.name for tensor in _text_inputs(spec)]
     steps = [
         step(
-            model_name="tokenizer",
+            model_name=names.tokenizer,
             model_version=-1,
-            input_map={TEXT_INPUT: TEXT_INPUT},
-            output_map={name: name for name in (*ENGINE_INPUTS, TOKENS_OUTPUT)},
+            input_map={name: name for name in text_inputs},
+            output_map={name: name for name in (*spec.engine_inputs, TOKENS_OUTPUT)},
         ),
         step(
-            model_name="encoder",
+            model_name=names.encoder,
             model_version=-1,
-            input_map={name: name for name in ENGINE_INPUTS},
-            output_map={spec.output_name: spec.output_name},
+            input_map={name: name for name in spec.engine_inputs},
+            # A reranker's one logit is its score.
+            output_map={spec.output_name: SCORE_OUTPUT if spec.pairs else spec.output_name},
         ),
     ]
     if spec.task == "classification":
         steps.append(
             step(
-                model_name="postprocess",
+                model_name=names.postprocess,
                 model_version=-1,
                 input_map={"logits": "logits"},
                 output_map={"scores": "scores", "label": "label"},
             )
         )
     return mc.ModelConfig(
-        name="ensemble",
+        name=names.model,
         platform="ensemble",
         max_batch_size=settings.ensemble.max_batch_size,
-        input=[_tensor(mc.ModelInput, TEXT_INPUT, mc.TYPE_STRING, [1])],
+        input=_text_inputs(spec),
         output=_task_outputs(spec),
         ensemble_scheduling=mc.ModelEnsembling(step=steps),
     )
 
 
-def python_models(settings: Settings) -> list[str]:
-    """The models of the settings' repository that run as Python stubs, in data-path order."""
+def python_models(settings: Settings, names: ServedNames) -> list[str]:
+    """The Triton models one settings file's model runs as Python stubs, in data-path order."""
     if settings.topology == "one_stage":
-        return ["ensemble"]
-    models = ["tokenizer"] + (["encoder"] if settings.engine.kind != "tensorrt" else [])
-    return models + (["postprocess"] if settings.model.task == "classification" else [])
+        return [names.model]
+    models = [names.tokenizer] + ([names.encoder] if settings.engine.kind != "tensorrt" else [])
+    return models + ([names.postprocess] if settings.model.task == "classification" else [])

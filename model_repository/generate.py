@@ -18,7 +18,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 import common
-from common.contract import ENGINE_INPUTS, SERVING_FILE, TEXT_INPUT, ServingSpec
+from common.contract import PROMPTS_FILE, QUERY_INPUT, SERVING_FILE, TEXT_INPUT, TOKEN_TYPES, ServingSpec
 from common.hf_tokenizer import load_tokenizer
 from model_repository.configs import (
     ENGINE_FILES,
@@ -30,7 +30,8 @@ from model_repository.configs import (
     tensorrt_encoder_config,
     tokenizer_config,
 )
-from settings import ROOT, Settings, SettingsError, load_settings
+from settings import ROOT, Deployment, Settings, SettingsError, load_deployment
+from settings.deployment import ServedNames
 
 STAGES_DIR = Path(__file__).resolve().parent / "stages"
 COMMON_DIR = Path(common.__file__).resolve().parent
@@ -74,63 +75,86 @@ def _write_model(
     return root / config.name
 
 
-def _write_text_warmup(model_dir: Path) -> None:
+def _write_text_warmup(model_dir: Path, spec: ServingSpec) -> None:
+    """The warm-up requests' inputs (configs._text_warmup): the text, and a reranker's query."""
     encoded = WARMUP_TEXT.encode()
     (model_dir / "warmup").mkdir()
-    (model_dir / "warmup" / TEXT_INPUT).write_bytes(struct.pack("<I", len(encoded)) + encoded)
+    for name in (QUERY_INPUT, TEXT_INPUT) if spec.pairs else (TEXT_INPUT,):
+        (model_dir / "warmup" / name).write_bytes(struct.pack("<I", len(encoded)) + encoded)
 
 
-def generate(settings: Settings, export_dir: Path | None = None, out: Path | None = None) -> Path:
-    export_dir = export_dir or settings.export_dir
-    out = out or settings.repository_dir
+def generate(settings: Settings | Deployment, export_dir: Path | None = None, out: Path | None = None) -> Path:
+    """The repository of one model (a Settings) or of every model of a Deployment, in `out` (default: the
+    settings' build/repository), made anew; export_dir, for one model only, replaces its export folder."""
+    deployment = Deployment.of(settings)
+    if export_dir is not None and len(deployment.models) > 1:
+        raise SettingsError("export_dir names one model's export: give it for a single settings file only")
+    out = out or deployment.repository_dir
+    exports = [(model, export_dir or model.export_dir) for model in deployment.models]
+    specs = [_checked_export(model, folder) for model, folder in exports]
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    for (model, folder), spec in zip(exports, specs, strict=True):
+        _write_models(out, model, spec, folder, deployment.names(model))
+    return out
+
+
+def _checked_export(settings: Settings, export_dir: Path) -> ServingSpec:
     if not (export_dir / SERVING_FILE).is_file():
         raise SettingsError(f"{export_dir} holds no exported model: run `make export` (python -m export) first")
     spec = ServingSpec.load(export_dir)
     if spec.task != settings.model.task or spec.max_tokens != settings.model.max_tokens:
         raise SettingsError(f"{export_dir} was exported for other settings (task/max_tokens): export again")
-    engine_files = [export_dir / name for name in ENGINE_FILES[settings.engine.kind]]
-    missing = [str(path) for path in engine_files if not path.is_file()]
+    missing = [
+        str(export_dir / name) for name in ENGINE_FILES[settings.engine.kind] if not (export_dir / name).is_file()
+    ]
     if missing:
         step = "make engines" if settings.engine.kind == "tensorrt" else "make export"
         raise SettingsError(f"missing {missing}: run `{step}` first")
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    return spec
+
+
+def _write_models(out: Path, settings: Settings, spec: ServingSpec, export_dir: Path, names: ServedNames) -> None:
+    """The Triton models of one settings file: the one-stage model, or the two-stage ensemble and its steps."""
+    engine_files = [export_dir / name for name in ENGINE_FILES[settings.engine.kind]]
+    # What the API front reads beside the stage that tokenizes: the spec, the tokenizer, the prompts if any.
+    text_files = [export_dir / name for name in ("tokenizer.json", SERVING_FILE, PROMPTS_FILE)]
+    text_files = [path for path in text_files if path.is_file()]
     if settings.topology == "one_stage":
-        files = [export_dir / "tokenizer.json", export_dir / SERVING_FILE, *engine_files]
-        _write_text_warmup(_write_model(out, one_stage_config(settings, spec), settings, files, "pipeline_model"))
-    else:
-        _write_two_stages(out, settings, spec, export_dir, engine_files)
-    return out
-
-
-def _write_two_stages(out: Path, settings: Settings, spec: ServingSpec, export_dir: Path, engine_files: list[Path]):
+        files = [*text_files, *engine_files]
+        config = one_stage_config(settings, spec, names)
+        _write_text_warmup(_write_model(out, config, settings, files, "pipeline_model"), spec)
+        return
     tokenizer_file, serving_file = export_dir / "tokenizer.json", export_dir / SERVING_FILE
-    # serving.json beside the tokenizer too: the API front reads the model's spec and tokenizer from one folder.
-    text_files = [tokenizer_file, serving_file]
-    _write_text_warmup(_write_model(out, tokenizer_config(settings, spec), settings, text_files, "tokenizer_model"))
+    config = tokenizer_config(settings, spec, names)
+    _write_text_warmup(_write_model(out, config, settings, text_files, "tokenizer_model"), spec)
     if settings.engine.kind == "tensorrt":
-        _write_model(out, tensorrt_encoder_config(settings, spec), settings, engine_files)
+        _write_model(out, tensorrt_encoder_config(settings, spec, names), settings, engine_files)
     else:
-        warmup_ids = load_tokenizer(tokenizer_file, settings.model.max_tokens).encode(WARMUP_TEXT).ids
-        config = encoder_config(settings, spec, len(warmup_ids))
+        tokenizer = load_tokenizer(tokenizer_file, settings.model.max_tokens)
+        warmup = tokenizer.encode(WARMUP_TEXT, WARMUP_TEXT) if spec.pairs else tokenizer.encode(WARMUP_TEXT)
+        config = encoder_config(settings, spec, names, len(warmup.ids))
         encoder_dir = _write_model(out, config, settings, [serving_file, *engine_files], "encoder_model")
         (encoder_dir / "warmup").mkdir()
-        for name, values in zip(ENGINE_INPUTS, (warmup_ids, [1] * len(warmup_ids)), strict=True):
-            (encoder_dir / "warmup" / name).write_bytes(struct.pack(f"<{len(values)}i", *values))
+        values = {"input_ids": warmup.ids, "attention_mask": [1] * len(warmup.ids), TOKEN_TYPES: warmup.type_ids}
+        for name in spec.engine_inputs:
+            (encoder_dir / "warmup" / name).write_bytes(struct.pack(f"<{len(values[name])}i", *values[name]))
     if spec.task == "classification":
-        _write_model(out, postprocess_config(settings, spec), settings, [serving_file], "postprocess_model")
-    _write_model(out, ensemble_config(settings, spec), settings, [])
+        _write_model(out, postprocess_config(settings, spec, names), settings, [serving_file], "postprocess_model")
+    _write_model(out, ensemble_config(settings, spec, names), settings, [])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m model_repository.generate", description=__doc__)
-    parser.add_argument("--settings", help="settings file (default: settings/defaults.toml)")
-    parser.add_argument("--export-dir", type=Path, help="exported model folder (default: from the settings)")
+    parser.add_argument(
+        "--settings", nargs="+", default=[], help="settings file(s), one per model (default: settings/defaults.toml)"
+    )
+    parser.add_argument("--export-dir", type=Path, help="exported model folder, one model only (default: its own)")
     parser.add_argument("--out", type=Path, help="repository folder to (re)create (default: from the settings)")
     args = parser.parse_args(argv)
     try:
-        out = generate(load_settings(args.settings), args.export_dir, args.out)
+        out = generate(load_deployment(args.settings), args.export_dir, args.out)
     except SettingsError as exc:
         print(f"generate failed: {exc}", file=sys.stderr)
         return 1

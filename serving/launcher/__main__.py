@@ -30,12 +30,14 @@ from serving.launcher.supervision import Supervisor
 from serving.launcher.triton_command import Ports, free_ports
 from serving.launcher.tritonserver import TritonServer
 from serving.processes import ServerError
-from settings import SettingsError, load_settings
+from settings import SettingsError, load_deployment
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m serving.launcher", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--settings", help="settings file (default: settings/defaults.toml)")
+    parser.add_argument(
+        "--settings", nargs="+", default=[], help="settings file(s), one per model (default: settings/defaults.toml)"
+    )
     parser.add_argument("--repository", type=Path, help="model repository (default: from the settings)")
     parser.add_argument("--host", help="bind address (default: server.host from the settings)")
     for name in ("http", "grpc", "metrics", "health"):
@@ -66,7 +68,7 @@ def announcement(server: TritonServer, http_front: bool, api_front: bool) -> str
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        settings = load_settings(args.settings)
+        settings = load_deployment(args.settings)
         defaults = Ports.of(settings)
         names = ("http", "grpc", "metrics", "health", "triton_http")
         ports = Ports(*(getattr(args, f"{n}_port") or getattr(defaults, n) for n in names))

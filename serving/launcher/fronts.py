@@ -12,10 +12,10 @@ from serving.launcher.metrics_port import MetricsProxy
 from serving.launcher.tritonserver import TritonServer
 from serving.processes import require_free_port
 from serving.workers import FrontWorkers
-from settings import Settings
+from settings import Deployment
 
 
-def start_http_front(server: TritonServer, settings: Settings) -> FrontWorkers:
+def start_http_front(server: TritonServer, settings: Deployment) -> FrontWorkers:
     """The HTTP front's workers on server.http_port, before tritonserver's own HTTP on loopback."""
     require_free_port(server.host, server.ports.http, "server.http_port")
     server.check_ports()
@@ -24,12 +24,12 @@ def start_http_front(server: TritonServer, settings: Settings) -> FrontWorkers:
     return FrontWorkers("HTTP front", arguments, front.workers, server.host, server.ports.http).start()
 
 
-def start_api_front(server: TritonServer, settings: Settings) -> FrontWorkers:
+def start_api_front(server: TritonServer, settings: Deployment) -> FrontWorkers:
     """The API front's workers on ports.api, calling this server's gRPC; its /health asks the launcher's /ready."""
     ports = server.ports
     require_free_port(server.host, ports.api, "api.port")
     arguments = api_front.command(
-        settings.path,
+        settings.paths,
         server.repository,
         server.host,
         ports.api,

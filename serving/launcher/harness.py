@@ -17,10 +17,10 @@ from pathlib import Path
 from serving.launcher.procfs import child_processes, stub_processes
 from serving.launcher.triton_command import Ports
 from serving.launcher.tritonserver import TritonServer
-from settings import Settings
+from settings import Deployment, Settings
 
 
-def local_server(settings: Settings, repository: Path, work_dir: Path) -> TritonServer:
+def local_server(settings: Settings | Deployment, repository: Path, work_dir: Path) -> TritonServer:
     """A TritonServer on free ports of 127.0.0.1, not yet started (`with local_server(...) as server:`); its
     backends folder and log in work_dir, apart from `make serve`'s."""
     return TritonServer(settings, repository, Ports.free(), "127.0.0.1", work_dir=work_dir)
@@ -40,12 +40,14 @@ def launcher_ready(health_port: int, timeout_s: float = 2.0) -> tuple[int, dict]
 class Launcher:
     """The real launcher (`python -m serving.launcher`) as a child process on given ports, its output in log_path."""
 
-    def __init__(self, settings_path: Path, repository: Path, ports: Ports, log_path: Path) -> None:
+    def __init__(self, settings_path: Path | list[Path], repository: Path, ports: Ports, log_path: Path) -> None:
+        """settings_path: one settings file, or one per model of a several-model server."""
         self.settings_path, self.repository, self.ports, self.log_path = settings_path, repository, ports, log_path
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout_s: float = 180.0) -> Launcher:
-        command = [sys.executable, "-m", "serving.launcher", "--settings", str(self.settings_path)]
+        paths = self.settings_path if isinstance(self.settings_path, list) else [self.settings_path]
+        command = [sys.executable, "-m", "serving.launcher", "--settings", *map(str, paths)]
         command += ["--repository", str(self.repository), "--host", "127.0.0.1"]
         for name in ("http", "grpc", "metrics", "health", "triton_http", "api"):
             command += [f"--{name.replace('_', '-')}-port", str(getattr(self.ports, name))]

@@ -71,7 +71,7 @@ class Supervisor:
     ready(), live(), status() and metrics(); the signal handler calls drain(); the main thread runs run()."""
 
     def __init__(self, server: TritonServer) -> None:
-        settings = server.settings.server
+        settings = server.deployment.server
         self.server = server
         self.restarts = Restarts(settings.max_restarts, settings.restart_window_s)
         self.fronts: dict[str, FrontWorkers] = {}  # by the name metrics label them with: http, api
@@ -131,7 +131,7 @@ class Supervisor:
 
     def run(self) -> int:
         """Run tritonserver until a drain ends it, starting it again when it dies: the launcher's exit status."""
-        server, settings = self.server, self.server.settings.server
+        server, settings = self.server, self.server.deployment.server
         while True:
             try:
                 server.start()

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from serving.launcher.watchdog import ADMIN_HEADER
-from settings import Settings
+from settings import Deployment, Settings
 
 # Python backend shared-memory pool per model instance: large enough for a full dynamic batch of
 # token ids and embeddings without growing it request by request.
@@ -41,7 +41,7 @@ class Ports:
         return cls(*ports[:5], api=ports[5])
 
     @classmethod
-    def of(cls, settings: Settings) -> Ports:
+    def of(cls, settings: Settings | Deployment) -> Ports:
         server = settings.server
         triton_http = settings.front.triton_http_port if settings.front.workers else 0
         return cls(
@@ -81,7 +81,7 @@ def server_command(
     host: str,
     exit_timeout_s: int,
     admin_key: str | None = None,
-    gpus: tuple[int, ...] = (),
+    uses_gpus: bool = False,
 ) -> list[str]:
     """tritonserver's flags; with admin_key, explicit model control so that the watchdog can reload a stage,
     and the repository API this opens restricted to requests carrying that per-launch key."""
@@ -108,5 +108,5 @@ def server_command(
         f"--exit-timeout-secs={exit_timeout_s}",
         "--log-verbose=0",
         *(control if admin_key else []),
-        *(CPU_ONLY_FLAGS if not gpus else []),
+        *(CPU_ONLY_FLAGS if not uses_gpus else []),
     ]

@@ -35,7 +35,7 @@ from serving.launcher.triton_install import (
 )
 from serving.launcher.watchdog import StubWatchdog
 from serving.processes import ServerError, die_with_parent, require_free_port
-from settings import Settings
+from settings import Deployment, Settings
 
 # CPU seconds the stubs may use while the server counts as idle (the metrics threads wake once a second).
 STUB_BUSY_CPU_S = 0.02
@@ -48,6 +48,19 @@ def between_steps(steps: list[str], counts: dict[str, tuple[int, int]]) -> int:
     return sum(counts.get(a, zero)[0] - sum(counts.get(b, zero)) for a, b in itertools.pairwise(steps))
 
 
+def ensemble_steps(repository: Path) -> list[list[str]]:
+    """The step models of every Triton ensemble in the repository, each in data-path order."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    found = []
+    for path in sorted(repository.glob("*/config.pbtxt")):
+        config = text_format.Parse(path.read_text(), mc.ModelConfig())
+        if config.platform == "ensemble":
+            found.append([step.model_name for step in config.ensemble_scheduling.step])
+    return found
+
+
 class TritonServer:
     """A tritonserver child process; `with TritonServer(...) as server:` waits until the ensemble is ready.
 
@@ -55,7 +68,7 @@ class TritonServer:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: Settings | Deployment,
         repository: Path | None = None,
         ports: Ports | None = None,
         host: str | None = None,
@@ -65,11 +78,12 @@ class TritonServer:
         """work_dir (default: the settings' build dir) holds the prepared backends folder and the log, so
         several servers can run side by side from one settings object; with console_log Triton logs to
         this process's stdout instead (the launcher: container logs, read-only root filesystem)."""
-        self.settings = settings
-        self.repository = repository or settings.repository_dir
-        self.ports = ports or Ports.of(settings)
-        self.host = host or settings.server.host
-        self.work_dir = work_dir or settings.build_dir
+        self.settings = settings  # as given: one model's Settings, or the Deployment of several
+        self.deployment = Deployment.of(settings)
+        self.repository = repository or self.deployment.repository_dir
+        self.ports = ports or Ports.of(self.deployment)
+        self.host = host or self.deployment.server.host
+        self.work_dir = work_dir or self.deployment.build_dir
         self.log_path = None if console_log else self.work_dir / "tritonserver.log"
         self.admin_key = secrets.token_urlsafe(24)
         self.process: subprocess.Popen | None = None
@@ -90,7 +104,7 @@ class TritonServer:
         return f"{self.host}:{self.ports.grpc}"
 
     def command(self) -> tuple[list[str], dict[str, str]]:
-        if not (self.repository / "ensemble" / "config.pbtxt").is_file():
+        if not any(self.repository.glob("*/config.pbtxt")):
             raise ServerError(f"{self.repository} is not a generated model repository: run `make repo` first")
         check_tensorrt_plans(self.repository)
         env = stub_environment()
@@ -101,7 +115,7 @@ class TritonServer:
         else:
             binary = triton_home() / "bin" / "tritonserver"
             backends = prepare_backends(self.work_dir, version)
-        exit_timeout_s = self.settings.server.exit_timeout_s
+        exit_timeout_s = self.deployment.server.exit_timeout_s
         command = server_command(
             binary,
             self.repository,
@@ -110,7 +124,7 @@ class TritonServer:
             self.host,
             exit_timeout_s,
             self.admin_key,
-            self.settings.encoder.gpus,
+            self.deployment.uses_gpus,
         )
         return command, env
 
@@ -136,7 +150,7 @@ class TritonServer:
         # A session of its own: a terminal's Ctrl-C reaches the launcher only (which drains), and every process
         # Triton starts (the stubs) is in its process group, so reap() can end what outlives it.
         spawn = {"env": env, "preexec_fn": die_with_parent, "start_new_session": True}
-        if not self.settings.encoder.gpus:
+        if not self.deployment.uses_gpus:
             print(
                 "launcher: CPU only (encoder.gpus is empty): Triton still logs one line"
                 ' "CudaDriverHelper has not been initialized." here; it is harmless',
@@ -152,9 +166,9 @@ class TritonServer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise ServerError(f"tritonserver exited with {self.process.returncode}; {self._log_tail()}")
-            if self.model_ready("ensemble"):
+            if self._http_ok("/v2/health/ready"):  # strict readiness: every model is ready
                 self.regions = {stub.region for stub in stubs(self.process.pid)}
-                interval = self.settings.server.watchdog_interval_s
+                interval = self.deployment.server.watchdog_interval_s
                 if interval > 0:
                     self.watchdog = StubWatchdog(self.process.pid, self.http_url, self.admin_key, interval).start()
                 self.started = True
@@ -208,23 +222,30 @@ class TritonServer:
             return
         if self.watchdog:
             self.watchdog.stop()
-        deadline = time.monotonic() + self.settings.server.exit_timeout_s
-        config = self._get_json("/v2/models/ensemble/config") or {}
-        steps = [step["model_name"] for step in config.get("ensemble_scheduling", {}).get("step", [])]
-        last, quiet_since = None, time.monotonic()
-        while time.monotonic() < deadline and self.process and self.process.poll() is None:
+        bound = self.deployment.server.exit_timeout_s
+        started = time.monotonic()
+        ensembles = ensemble_steps(self.repository)
+        last, quiet_since, quiet = None, started, False
+        while time.monotonic() < started + bound and self.process and self.process.poll() is None:
             counts, cpu = self._stage_counts(), stubs_cpu_s(self.process.pid)
             if counts is None or last is None or counts != last[0] or cpu - last[1] > STUB_BUSY_CPU_S:
                 last, quiet_since = (counts, cpu), time.monotonic()
-            elif time.monotonic() - quiet_since >= quiet_s and not between_steps(steps, counts):
+            elif time.monotonic() - quiet_since >= quiet_s and not any(between_steps(s, counts) for s in ensembles):
+                quiet = True
                 break
             time.sleep(0.1)
         if self.process and self.process.poll() is None:
+            waited = time.monotonic() - started
+            why = "quiet" if quiet else f"the bound (server.exit_timeout_s = {bound})"
+            print(f"launcher: drain: {why} after {waited:.1f} s; SIGTERM to tritonserver", flush=True)
             self.process.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
             # Triton has exit_timeout_s to finish; one that crashed in its own shutdown can hang in its signal
             # handler (seen: SIGSEGV and SIGABRT after "Exit timeout expired"), so it gets SIGKILL after that.
             try:
-                self.process.wait(timeout=self.settings.server.exit_timeout_s + 10)
+                code = self.process.wait(timeout=bound + 10)
+                took = time.monotonic() - signalled
+                print(f"launcher: tritonserver exited {took:.1f} s after SIGTERM (exit code {code})", flush=True)
             except subprocess.TimeoutExpired:
                 print("launcher: tritonserver did not exit after SIGTERM; killing it", flush=True)
                 self.process.kill()
@@ -273,7 +294,7 @@ class TritonServer:
         if self.process and self.process.poll() is None:
             self.shut_down()
             try:
-                self.process.wait(timeout=2 * self.settings.server.exit_timeout_s + 20)
+                self.process.wait(timeout=2 * self.deployment.server.exit_timeout_s + 20)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()

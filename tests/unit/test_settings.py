@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 import settings.schema as settings_module
-from settings import ROOT, Settings, SettingsError, load_settings
+from settings import ROOT, Settings, SettingsError, load_deployment, load_settings
 
 
 @pytest.mark.parametrize(
@@ -128,3 +128,35 @@ def test_the_torch_engines_old_name_is_read_with_a_warning(tmp_path):
     assert old.engine.kind == "torch"
     with pytest.warns(FutureWarning):
         assert load_settings(None, ['engine.kind="torch_gpu"']).engine.kind == "torch"
+
+
+def test_several_models_take_the_server_wide_sections_from_the_first_file(tmp_path):
+    first, second = tmp_path / "first.toml", tmp_path / "second.toml"
+    first.write_text('[model]\nsource = "random-init:bert-tiny"\nname = "a"\n\n[server]\ngrpc_port = 9001\n')
+    second.write_text(
+        '[model]\nsource = "random-init:bert-tiny"\nname = "b"\ntask = "rerank"\n\n[server]\ngrpc_port = 9001\n'
+    )
+    deployment = load_deployment([first, second])
+    assert deployment.server.grpc_port == 9001 and [m.model.task for m in deployment.models] == ["embedding", "rerank"]
+    second.write_text('[model]\nsource = "random-init:bert-tiny"\nname = "b"\n\n[api]\nworkers = 7\n')
+    with pytest.raises(
+        SettingsError, match=rf"{second} sets \[api\] workers = 7, .* first settings file, {first}, which has 2"
+    ):
+        load_deployment([first, second])
+
+
+def test_several_models_are_served_under_their_names_and_one_as_ensemble(tmp_path):
+    files = []
+    for name in ("embedder", "reranker", "embedder"):
+        files.append(tmp_path / f"{name}{len(files)}.toml")
+        files[-1].write_text(f'[model]\nsource = "random-init:bert-tiny"\nname = "{name}"\n')
+    with pytest.raises(SettingsError, match="'embedder' names more than one settings file's model"):
+        load_deployment(files)
+    deployment = load_deployment(files[:2])
+    names = deployment.names(deployment.models[1])
+    assert (names.model, names.tokenizer, names.encoder) == ("reranker", "reranker-tokenizer", "reranker-encoder")
+    single = load_deployment(files[:1])
+    assert single.names(single.first).model == "ensemble" and list(single.served()) == ["ensemble"]
+    files[1].write_text('[model]\nsource = "random-init:bert-tiny"\nname = "two words"\n')
+    with pytest.raises(SettingsError, match="'two words' cannot name a served model"):
+        load_deployment(files[:2])

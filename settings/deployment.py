@@ -1,0 +1,117 @@
+"""Several models in one server: one settings file per model, one generated repository, one tritonserver.
+
+Each file is read over the defaults as a single one is (loading.load_settings). The server-wide sections
+([server], [front], [api]: ports, the build folder, the fronts) come from the first file; a later file that
+sets one of their keys to another value is refused, naming both files and the key. With one file the model
+is served as `ensemble` (its two-stage steps as `tokenizer`, `encoder`, `postprocess`), as always; with
+several, each model is served under its model.name (its steps as `<name>-tokenizer`, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+from settings.loading import DEFAULT_SETTINGS, load_settings, own_sections
+from settings.schema import ApiSettings, FrontSettings, ServerSettings, Settings, SettingsError
+
+SERVER_WIDE = ("server", "front", "api")
+SINGLE_MODEL_NAME = "ensemble"
+# What a model may be called when several share a server: a Triton model folder and a URL path segment.
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServedNames:
+    """The Triton models one settings file becomes: what clients call, and the two-stage steps."""
+
+    model: str
+    tokenizer: str
+    encoder: str
+    postprocess: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Deployment:
+    """The models one server serves, in the order their files were given."""
+
+    models: tuple[Settings, ...]
+
+    @classmethod
+    def of(cls, settings: Settings | Deployment) -> Deployment:
+        return settings if isinstance(settings, Deployment) else cls((settings,))
+
+    @property
+    def first(self) -> Settings:
+        return self.models[0]
+
+    @property
+    def server(self) -> ServerSettings:
+        return self.first.server
+
+    @property
+    def front(self) -> FrontSettings:
+        return self.first.front
+
+    @property
+    def api(self) -> ApiSettings:
+        return self.first.api
+
+    @property
+    def build_dir(self) -> Path:
+        return self.first.build_dir
+
+    @property
+    def repository_dir(self) -> Path:
+        return self.first.repository_dir
+
+    @property
+    def paths(self) -> tuple[Path, ...]:
+        return tuple(settings.path for settings in self.models)
+
+    @property
+    def uses_gpus(self) -> bool:
+        return any(settings.encoder.gpus for settings in self.models)
+
+    def names(self, settings: Settings) -> ServedNames:
+        if len(self.models) == 1:
+            return ServedNames(SINGLE_MODEL_NAME, "tokenizer", "encoder", "postprocess")
+        name = settings.model.name
+        return ServedNames(name, f"{name}-tokenizer", f"{name}-encoder", f"{name}-postprocess")
+
+    def served(self) -> dict[str, Settings]:
+        """Each model by the name clients call it."""
+        return {self.names(settings).model: settings for settings in self.models}
+
+
+def load_deployment(paths: list | tuple = (), overrides: tuple[str, ...] | list[str] = ()) -> Deployment:
+    """The settings files (none: the defaults file alone), each read over the defaults and checked, the overrides
+    applied to each; the server-wide sections must agree (see the module's docstring)."""
+    files = [Path(path).resolve() for path in paths] or [DEFAULT_SETTINGS.resolve()]
+    models = tuple(load_settings(path, overrides) for path in files)
+    first = models[0]
+    for path, settings in zip(files[1:], models[1:], strict=True):
+        for section, values in own_sections(path).items():
+            if section not in SERVER_WIDE:
+                continue
+            for key, value in values.items():
+                ours = getattr(getattr(first, section), key, value)
+                if ours != (tuple(value) if isinstance(value, list) else value):
+                    raise SettingsError(
+                        f"{path} sets [{section}] {key} = {value!r}, but the server-wide sections come from the first "
+                        f"settings file, {files[0]}, which has {ours!r}: set it there, or the same in both"
+                    )
+        if settings.server.build_dir != first.server.build_dir:
+            raise SettingsError(f"{path}: server.build_dir must be the first file's ({first.server.build_dir})")
+    if len(models) > 1:
+        names = [settings.model.name for settings in models]
+        for name in names:
+            if not MODEL_NAME.fullmatch(name) or name == SINGLE_MODEL_NAME:
+                raise SettingsError(
+                    f"model.name {name!r} cannot name a served model: letters, digits, '.', '_', '-', not 'ensemble'"
+                )
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise SettingsError(f"model.name {repeated[0]!r} names more than one settings file's model")
+    return Deployment(models)
