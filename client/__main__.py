@@ -1,6 +1,8 @@
-"""python -m client embed|classify TEXT... : send texts to the ensemble and print JSON.
+"""python -m client embed|classify|rerank TEXT... : send texts to a served model and print JSON.
 
-Texts come from the arguments, or one per line from standard input when the only argument is "-".
+Texts come from the arguments, or one per line from standard input when the only argument is "-". rerank
+takes the query first (--query), then the texts to score against it. On a server of several models, --model
+names one (by its model.name); a one-model server calls its model `ensemble`, the default.
 """
 
 from __future__ import annotations
@@ -11,38 +13,45 @@ import sys
 
 from client.core import PROTOCOLS, ClientError, RetryPolicy, TextClient
 
+OUTPUTS = {"embed": "embedding", "classify": "label", "rerank": "score"}
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m client", description=__doc__)
-    parser.add_argument("command", choices=("embed", "classify"))
+    parser.add_argument("command", choices=tuple(OUTPUTS))
     parser.add_argument("texts", nargs="+", help='texts to send, or "-" to read one per line from stdin')
+    parser.add_argument("--query", help="rerank: the query the texts are scored against")
     parser.add_argument("--url", help="host:port, or http://host:port (default: from the settings, per protocol)")
     parser.add_argument("--protocol", choices=PROTOCOLS, help="default: the URL's scheme, else grpc")
-    parser.add_argument("--model", default="ensemble")
+    parser.add_argument("--model", default="ensemble", help="the served model (default: ensemble, a one-model server)")
     parser.add_argument("--timeout", type=float, default=30.0, help="deadline per call in seconds, retries included")
     parser.add_argument(
         "--retries", type=int, help="total tries when the server is unavailable (default: until the deadline)"
     )
     args = parser.parse_args(argv)
     texts = sys.stdin.read().splitlines() if args.texts == ["-"] else args.texts
+    if (args.command == "rerank") != (args.query is not None):
+        print("error: --query goes with rerank, and rerank needs it", file=sys.stderr)
+        return 2
     try:
         with TextClient(
             args.url, args.protocol, args.model, args.timeout, RetryPolicy(attempts=args.retries)
         ) as client:
-            outputs = client.infer(texts)
+            outputs = client.infer(texts, args.query)
     except (ClientError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    if OUTPUTS[args.command] not in outputs:
+        kinds = {"embedding": "an embedding", "label": "a classification", "score": "a reranking"}
+        print(f"error: {args.model} is not {kinds[OUTPUTS[args.command]]} model", file=sys.stderr)
+        return 1
+    result = {"model": args.model}
     if args.command == "embed":
-        if "embedding" not in outputs:
-            print("error: the model returns no embeddings (is it a classification model?)", file=sys.stderr)
-            return 1
-        result = {"model": args.model, "embeddings": outputs["embedding"].tolist()}
+        result["embeddings"] = outputs["embedding"].tolist()
+    elif args.command == "classify":
+        result |= {"labels": outputs["label"].tolist(), "scores": outputs["scores"].tolist()}
     else:
-        if "label" not in outputs:
-            print("error: the model returns no labels (is it an embedding model?)", file=sys.stderr)
-            return 1
-        result = {"model": args.model, "labels": outputs["label"].tolist(), "scores": outputs["scores"].tolist()}
+        result["scores"] = outputs["score"].reshape(-1).tolist()
     json.dump(result, sys.stdout)
     print()
     return 0

@@ -23,7 +23,7 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as httpclient_aio
 from tritonclient.utils import InferenceServerException
 
-from common.contract import TEXT_INPUT
+from common.contract import QUERY_INPUT, SCORE_OUTPUT, TEXT_INPUT
 from protocol.kserve_grpc import GRPC_CHANNEL_ARGS, TRANSIENT_MESSAGES, encode_texts
 
 PROTOCOLS = ("grpc", "http")
@@ -88,12 +88,20 @@ def is_retryable(exc: BaseException) -> bool:
     return isinstance(exc, (ConnectionError, TimeoutError, OSError))
 
 
-def text_input(module, encoded: Sequence[bytes]):
-    """The `text` input tensor of a request, from texts already UTF-8 (encode_texts)."""
+def text_input(module, encoded: Sequence[bytes], name: str = TEXT_INPUT):
+    """A BYTES input tensor of a request (`text`, or a reranker's `query`), from texts already UTF-8."""
     data = np.array(encoded, dtype=np.object_).reshape(-1, 1)
-    tensor = module.InferInput(TEXT_INPUT, list(data.shape), "BYTES")
+    tensor = module.InferInput(name, list(data.shape), "BYTES")
     tensor.set_data_from_numpy(data)
     return tensor
+
+
+def pair_inputs(module, encoded: Sequence[bytes], query: bytes | None) -> list:
+    """The request's inputs: the texts, and a reranker's query once per text."""
+    tensors = [text_input(module, encoded)]
+    if query is not None:
+        tensors.insert(0, text_input(module, [query] * len(encoded), QUERY_INPUT))
+    return tensors
 
 
 def decode_outputs(result, names: Sequence[str]) -> dict[str, np.ndarray]:
@@ -169,7 +177,8 @@ class _Base:
 
 
 class TextClient(_Base):
-    """Blocking client. `infer(texts)` returns every ensemble output by name; `embed` the embeddings."""
+    """Blocking client. `infer(texts)` returns every output of the model by name; `embed` the embeddings;
+    `rerank(query, texts)` a reranker's logit for each (query, text) pair."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -204,19 +213,25 @@ class TextClient(_Base):
         self._describe()
         return self._outputs
 
-    def infer(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
-        """Every output by name for `texts`; more texts than the model's max_batch_size go as several requests."""
+    def infer(self, texts: Sequence[str], query: str | None = None) -> dict[str, np.ndarray]:
+        """Every output by name for `texts` (and a reranker's query, paired with each); more texts than the
+        model's max_batch_size go as several requests."""
         encoded = encode_texts(texts)  # a text without UTF-8 is named before anything is sent
+        asked = None if query is None else encode_texts([query])[0]
         self._describe()
-        return join_outputs([self._infer_one(part) for part in chunks(encoded, self._max_batch)])
+        return join_outputs([self._infer_one(part, asked) for part in chunks(encoded, self._max_batch)])
 
-    def _infer_one(self, encoded: Sequence[bytes]) -> dict[str, np.ndarray]:
-        tensor = text_input(self._module, encoded)
-        result = self._call(lambda remaining: self._client.infer(self.model, [tensor], **self._infer_kwargs(remaining)))
+    def _infer_one(self, encoded: Sequence[bytes], query: bytes | None = None) -> dict[str, np.ndarray]:
+        tensors = pair_inputs(self._module, encoded, query)
+        result = self._call(lambda remaining: self._client.infer(self.model, tensors, **self._infer_kwargs(remaining)))
         return decode_outputs(result, self._outputs)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         return self.infer(texts)["embedding"]
+
+    def rerank(self, query: str, texts: Sequence[str]) -> np.ndarray:
+        """A reranker's logit for each (query, text) pair, in the order of texts (a sigmoid makes it 0..1)."""
+        return self.infer(texts, query)[SCORE_OUTPUT].reshape(-1)
 
     def close(self) -> None:
         self._client.close()
@@ -262,21 +277,25 @@ class AsyncTextClient(_Base):
         await self._describe()
         return self._outputs
 
-    async def infer(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
+    async def infer(self, texts: Sequence[str], query: str | None = None) -> dict[str, np.ndarray]:
         encoded = encode_texts(texts)
+        asked = None if query is None else encode_texts([query])[0]
         await self._describe()
-        parts = await asyncio.gather(*(self._infer_one(part) for part in chunks(encoded, self._max_batch)))
+        parts = await asyncio.gather(*(self._infer_one(part, asked) for part in chunks(encoded, self._max_batch)))
         return join_outputs(list(parts))
 
-    async def _infer_one(self, encoded: Sequence[bytes]) -> dict[str, np.ndarray]:
-        tensor = text_input(self._module, encoded)
+    async def _infer_one(self, encoded: Sequence[bytes], query: bytes | None = None) -> dict[str, np.ndarray]:
+        tensors = pair_inputs(self._module, encoded, query)
         result = await self._call(
-            lambda remaining: self._client.infer(self.model, [tensor], **self._infer_kwargs(remaining))
+            lambda remaining: self._client.infer(self.model, tensors, **self._infer_kwargs(remaining))
         )
         return decode_outputs(result, self._outputs)
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         return (await self.infer(texts))["embedding"]
+
+    async def rerank(self, query: str, texts: Sequence[str]) -> np.ndarray:
+        return (await self.infer(texts, query))[SCORE_OUTPUT].reshape(-1)
 
     async def close(self) -> None:
         await self._client.close()

@@ -53,9 +53,16 @@ def model_infer_request(model: str, texts: Sequence[str]) -> bytes:
 
 def encoded_infer_request(model: str, encoded: Sequence[bytes], outputs: Sequence[str] = ()) -> bytes:
     """model_infer_request for texts already UTF-8, asking for `outputs` by name (none: all of them)."""
+    return tensors_infer_request(model, {TEXT_INPUT: encoded}, outputs)
+
+
+def tensors_infer_request(model: str, inputs: dict[str, Sequence[bytes]], outputs: Sequence[str] = ()) -> bytes:
+    """A serialized ModelInferRequest of BYTES [rows, 1] inputs by name, each row already UTF-8 (a reranker's
+    query beside its text, say), asking for `outputs` by name (none: all of them)."""
     request = service_pb2.ModelInferRequest(model_name=model)
-    request.inputs.add(name=TEXT_INPUT, datatype="BYTES", shape=[len(encoded), 1])
-    request.raw_input_contents.append(b"".join(len(data).to_bytes(4, "little") + data for data in encoded))
+    for name, rows in inputs.items():
+        request.inputs.add(name=name, datatype="BYTES", shape=[len(rows), 1])
+        request.raw_input_contents.append(b"".join(len(data).to_bytes(4, "little") + data for data in rows))
     for name in outputs:
         request.outputs.add(name=name)
     return request.SerializeToString()

@@ -1,4 +1,4 @@
-"""The API front's request and response shapes: OpenAI's /v1/embeddings and TEI's /embed, /predict, /tokenize.
+"""The API front's request and response shapes: OpenAI's /v1/embeddings, TEI's routes, Cohere's rerank.
 
 Parsing checks everything a request says before any text reaches Triton, and names the item at fault:
 `input[3] must be a string`, `input[0] has 2000000 bytes; at most 1048576`. Errors carry OpenAI's shape
@@ -90,16 +90,12 @@ def dimensions(value, limits: Limits) -> int | None:
     return value
 
 
-def openai_request(body, model_name: str, limits: Limits) -> EmbeddingsRequest:
+def openai_request(body, limits: Limits) -> EmbeddingsRequest:
+    """OpenAI's embeddings request (which model it names is models.Models.named's to check)."""
     body = _object(body)
     _known_fields(body, {"model", "input", "encoding_format", "dimensions", "user"})
     if "input" not in body:
         raise ApiError(400, "'input' is required", "input")
-    model = body.get("model")
-    if model is not None and model != model_name:
-        raise ApiError(
-            404, f"the model {model!r} does not exist; this server serves {model_name!r}", "model", "model_not_found"
-        )
     encoding = body.get("encoding_format") or "float"
     if encoding not in ENCODINGS:
         raise ApiError(400, f"'encoding_format' must be one of {', '.join(ENCODINGS)}", "encoding_format")
@@ -110,18 +106,115 @@ def openai_request(body, model_name: str, limits: Limits) -> EmbeddingsRequest:
     )
 
 
+FLAGS = ("normalize", "truncate", "raw_scores", "return_text", "add_special_tokens", "skip_special_tokens")
+DIRECTIONS = ("right", "left")
+
+
+def tei_fields(body, fields: frozenset[str], required: str) -> dict:
+    """A TEI body's fields, only those in `fields` accepted, `required` present, flags boolean, the truncation
+    direction Right or Left (any case: huggingface_hub sends it in lower case) and the prompt name a string."""
+    body = _object(body)
+    _known_fields(body, {required, *fields})
+    if required not in body:
+        raise ApiError(400, f"'{required}' is required", required)
+    for flag in FLAGS:
+        if body.get(flag) is not None and not isinstance(body[flag], bool):
+            raise ApiError(400, f"'{flag}' must be true or false", flag)
+    direction = body.get("truncation_direction")
+    if direction is not None and (not isinstance(direction, str) or direction.lower() not in DIRECTIONS):
+        raise ApiError(400, "'truncation_direction' must be Right or Left", "truncation_direction")
+    if body.get("prompt_name") is not None and not isinstance(body["prompt_name"], str):
+        raise ApiError(400, "'prompt_name' must be a string", "prompt_name")
+    return body
+
+
 def tei_request(body, limits: Limits, fields: frozenset[str]) -> tuple[list[bytes], dict]:
     """TEI's {"inputs": ..., ...}: the texts and the other fields (only those in `fields` are accepted)."""
-    body = _object(body)
-    _known_fields(body, {"inputs", *fields})
-    if "inputs" not in body:
-        raise ApiError(400, "'inputs' is required", "inputs")
-    for flag in ("normalize", "truncate", "raw_scores", "add_special_tokens"):
-        if flag in body and not isinstance(body[flag], bool):
-            raise ApiError(400, f"'{flag}' must be true or false", flag)
-    if body.get("truncate") is False:
-        raise ApiError(400, "texts are always truncated to the model's max_tokens: 'truncate' must be true", "truncate")
+    body = tei_fields(body, fields, "inputs")
     return _texts(body["inputs"], "inputs", limits), body
+
+
+def text_list(value, param: str, limits: Limits) -> list[bytes]:
+    """A non-empty list of strings (a reranker's texts or documents), each UTF-8 within the text limit."""
+    if not isinstance(value, list):
+        raise ApiError(400, f"'{param}' must be a non-empty list of strings", param)
+    return _texts(value, param, limits)
+
+
+def query(value, limits: Limits) -> bytes:
+    if not isinstance(value, str):
+        raise ApiError(400, "'query' must be a string", "query")
+    return _texts(value, "query", limits)[0]
+
+
+@dataclass(frozen=True)
+class RerankRequest:
+    """Cohere's rerank (v1 and v2): documents as strings (v1: or {"text"}), the answer cut to top_n."""
+
+    model: str | None
+    query: bytes
+    documents: list[bytes]
+    top_n: int | None
+    return_documents: bool
+
+
+def cohere_rerank_request(body, limits: Limits) -> RerankRequest:
+    body = _object(body)
+    _known_fields(body, {"model", "query", "documents", "top_n", "return_documents", "max_tokens_per_doc", "priority"})
+    for required in ("query", "documents"):
+        if required not in body:
+            raise ApiError(400, f"'{required}' is required", required)
+    if body.get("model") is not None and not isinstance(body["model"], str):
+        raise ApiError(400, "'model' must be a string", "model")
+    documents = body["documents"]
+    if isinstance(documents, list):  # v1 also takes {"text": ...} objects
+        documents = [doc["text"] if isinstance(doc, dict) and set(doc) == {"text"} else doc for doc in documents]
+    top_n = body.get("top_n")
+    if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
+        raise ApiError(400, "'top_n' must be a positive integer", "top_n")
+    per_doc = body.get("max_tokens_per_doc")
+    if per_doc is not None and (isinstance(per_doc, bool) or not isinstance(per_doc, int) or per_doc < 1):
+        raise ApiError(400, "'max_tokens_per_doc' must be a positive integer", "max_tokens_per_doc")
+    if body.get("return_documents") is not None and not isinstance(body["return_documents"], bool):
+        raise ApiError(400, "'return_documents' must be true or false", "return_documents")
+    return RerankRequest(
+        body.get("model"),
+        query(body["query"], limits),
+        text_list(documents, "documents", limits),
+        top_n,
+        bool(body.get("return_documents")),
+    )
+
+
+def sigmoid(logits: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
+
+
+def ranked(scores: np.ndarray) -> np.ndarray:
+    """Indices by score, highest first (ties in the order given)."""
+    return np.argsort(-scores, kind="stable")
+
+
+def tei_ranks(scores: np.ndarray, texts: list[bytes], return_text: bool) -> list[dict]:
+    """TEI's /rerank answer: every text by score, highest first, each {index, score[, text]}."""
+    ranks = []
+    for index in ranked(scores):
+        rank = {"index": int(index), "score": float(scores[index])}
+        if return_text:
+            rank["text"] = texts[index].decode("utf-8")
+        ranks.append(rank)
+    return ranks
+
+
+def cohere_response(scores: np.ndarray, request: RerankRequest, request_id: str, version: str) -> dict:
+    results = []
+    for index in ranked(scores)[: request.top_n]:
+        result = {"index": int(index), "relevance_score": float(scores[index])}
+        if request.return_documents:
+            result["document"] = {"text": request.documents[index].decode("utf-8")}
+        results.append(result)
+    meta = {"api_version": {"version": version}, "billed_units": {"search_units": 1}}
+    return {"id": request_id, "results": results, "meta": meta}
 
 
 def shaped(embeddings: np.ndarray, dimensions: int | None, normalize: bool) -> np.ndarray:

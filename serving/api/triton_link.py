@@ -1,4 +1,4 @@
-"""TritonLink: the API front's asynchronous, pooled gRPC calls to tritonserver's `ensemble`.
+"""TritonLink: the API front's asynchronous, pooled gRPC calls to tritonserver's models.
 
 Requests and responses are raw protobufs (protocol/kserve_grpc.py). Several channels per process (grpc.aio,
 round robin) keep one HTTP/2 connection from serializing every stream of a busy worker. A call with more
@@ -24,10 +24,8 @@ from protocol.kserve_grpc import (
     MODEL_INFER,
     TRANSIENT_MESSAGES,
     decode_response,
-    encoded_infer_request,
+    tensors_infer_request,
 )
-
-MODEL = "ensemble"
 
 
 class TritonError(Exception):
@@ -79,8 +77,8 @@ def _error(exc: grpc.aio.AioRpcError) -> TritonError:
 class TritonLink:
     """gRPC to tritonserver at `target` (host:port) from one process, created inside its event loop."""
 
-    def __init__(self, target: str, channels: int, max_texts: int, max_bytes: int, timeout_s: float) -> None:
-        self.max_texts, self.max_bytes, self.timeout_s = max_texts, max_bytes, timeout_s
+    def __init__(self, target: str, channels: int, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
         self._channels = [grpc.aio.insecure_channel(target, options=GRPC_CHANNEL_ARGS) for _ in range(channels)]
         self._calls = itertools.cycle(
             [
@@ -89,19 +87,30 @@ class TritonLink:
             ]
         )
 
-    async def _call(self, encoded: Sequence[bytes], outputs: Sequence[str]) -> dict[str, np.ndarray]:
+    async def _call(self, model: str, inputs: dict[str, Sequence[bytes]], outputs: Sequence[str]) -> dict:
         try:
-            data = await next(self._calls)(encoded_infer_request(MODEL, encoded, outputs), timeout=self.timeout_s)
+            data = await next(self._calls)(tensors_infer_request(model, inputs, outputs), timeout=self.timeout_s)
         except grpc.aio.AioRpcError as exc:
             raise _error(exc) from None
         return decode_response(data)
 
-    async def infer(self, encoded: Sequence[bytes], outputs: Sequence[str]) -> dict[str, np.ndarray]:
-        """The ensemble's `outputs` for texts already UTF-8, one row per text in order."""
-        bounds = chunk_bounds([len(data) for data in encoded], self.max_texts, self.max_bytes)
+    async def infer(
+        self,
+        model: str,
+        inputs: dict[str, Sequence[bytes]],
+        outputs: Sequence[str],
+        max_texts: int,
+        max_bytes: int,
+    ) -> dict[str, np.ndarray]:
+        """The model's `outputs` for rows of BYTES inputs already UTF-8 (every input one row per text), one
+        output row per input row in order; split into requests of at most max_texts rows and max_bytes."""
+        rows = list(zip(*inputs.values(), strict=True))
+        bounds = chunk_bounds([sum(map(len, row)) for row in rows], max_texts, max_bytes)
         if len(bounds) == 1:
-            return await self._call(encoded, outputs)
-        parts = await asyncio.gather(*(self._call(encoded[bound], outputs) for bound in bounds))
+            return await self._call(model, inputs, outputs)
+        parts = await asyncio.gather(
+            *(self._call(model, {name: values[bound] for name, values in inputs.items()}, outputs) for bound in bounds)
+        )
         return {name: np.concatenate([part[name] for part in parts]) for name in outputs}
 
     async def close(self) -> None:

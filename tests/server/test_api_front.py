@@ -16,7 +16,8 @@ import pytest
 
 from client import TextClient
 from common.hf_tokenizer import load_tokenizer
-from serving.api.app import API_KEY_ENV, command
+from serving.api.app import command
+from serving.api.service import API_KEY_ENV
 from serving.launcher.harness import local_server
 from serving.launcher.triton_command import free_ports
 from serving.workers import FrontWorkers
@@ -39,7 +40,7 @@ class Front:
     def __init__(self, repository: Path, server_urls: tuple[str, str, str], *overrides: str):
         (self.port,) = free_ports(1)
         grpc_url, ready_url, metrics_url = server_urls
-        arguments = command(DEFAULT_SETTINGS, repository, "127.0.0.1", self.port, grpc_url, ready_url, metrics_url)
+        arguments = command([DEFAULT_SETTINGS], repository, "127.0.0.1", self.port, grpc_url, ready_url, metrics_url)
         arguments += [item for override in overrides for item in ("--set", override)]
         self.workers = FrontWorkers("API front", arguments, 1, "127.0.0.1", self.port).start(timeout_s=60)
         self.url = f"http://127.0.0.1:{self.port}"
@@ -209,9 +210,14 @@ def test_bad_unicode_and_bad_json_are_named(front):
 
 
 def test_predict_needs_a_classifier_and_tei_flags_are_checked(front):
-    assert front.post("/predict", {"inputs": "a"}).status_code == 400
-    answer = front.post("/embed", {"inputs": "a", "truncate": False})
+    refused = front.post("/predict", {"inputs": "a"})
+    assert refused.status_code == 400 and "is an embedding model, not a classification model" in refused.text
+    assert front.post("/rerank", {"query": "q", "texts": ["a"]}).status_code == 400
+    answer = front.post("/embed", {"inputs": "a", "truncate": "no"})
     assert answer.status_code == 400 and answer.json()["error"]["param"] == "truncate"
+    direction = front.post("/embed", {"inputs": "a", "truncation_direction": "middle"})
+    assert direction.status_code == 400 and direction.json()["error"]["param"] == "truncation_direction"
+    assert front.post("/embed", {"inputs": "a", "truncate": False}).status_code == 200  # within the limit: served
 
 
 def test_body_over_the_limit_is_refused_before_it_is_read(front):

@@ -1,0 +1,110 @@
+"""The models the API front serves, as the settings files and the generated repository describe them, and which
+one a request means: by the name it gives (OpenAI, Cohere), or the first model of the task a route serves (TEI,
+whose clients name no model)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from common.contract import PROMPTS_FILE, SERVING_FILE, ServingSpec
+from common.hf_tokenizer import load_tokenizer
+from serving.api.schema import ApiError, Limits
+from settings import Deployment, Settings
+
+# What each task's model is called, and the routes to use for it, for the error that names them.
+NOUNS = {"embedding": "an embedding model", "classification": "a classification model", "rerank": "a reranker"}
+ROUTES = {
+    "embedding": "POST /v1/embeddings or /embed",
+    "classification": "POST /predict",
+    "rerank": "POST /rerank or /v2/rerank",
+}
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    name: str  # model.name: what callers name it
+    triton: str  # the Triton model the front calls (`ensemble` on a one-model server)
+    settings: Settings
+    spec: ServingSpec
+    tokenizer: Tokenizer  # truncating to max_tokens, as the stages do
+    whole: Tokenizer  # the same without truncation: token counts, left truncation
+    limits: Limits
+    prompts: dict[str, str]  # sentence-transformers' prompts by name (TEI's prompt_name)
+
+    @property
+    def task(self) -> str:
+        return self.spec.task
+
+    @property
+    def max_texts(self) -> int:
+        return self.settings.ensemble.max_batch_size
+
+    @property
+    def max_bytes(self) -> int:
+        return self.settings.tokenizer.max_request_bytes
+
+    def refuse_task(self, wanted: str) -> ApiError:
+        message = f"{self.name} is {NOUNS[self.task]}, not {NOUNS[wanted]}: use {ROUTES[self.task]}"
+        return ApiError(400, message, "model")
+
+
+def served_model(deployment: Deployment, settings: Settings, repository: Path) -> ServedModel:
+    """One model as the repository holds it: serving.json and tokenizer.json beside the stage that tokenizes."""
+    names = deployment.names(settings)
+    folder = repository / (names.model if settings.topology == "one_stage" else names.tokenizer) / "1"
+    if not (folder / SERVING_FILE).is_file():
+        raise SystemExit(f"{folder} holds no {SERVING_FILE}: run `make repo` for these settings first")
+    spec = ServingSpec.load(folder)
+    tokenizer = load_tokenizer(folder / "tokenizer.json", settings.model.max_tokens)
+    whole = Tokenizer.from_str(tokenizer.to_str())
+    whole.no_truncation()
+    prompts_file = folder / PROMPTS_FILE
+    prompts = json.loads(prompts_file.read_text()).get("prompts", {}) if prompts_file.is_file() else {}
+    limits = Limits(deployment.api.max_inputs, settings.tokenizer.max_text_bytes, spec.output_size)
+    return ServedModel(settings.model.name, names.model, settings, spec, tokenizer, whole, limits, prompts)
+
+
+class Models:
+    """Every served model, in the settings files' order."""
+
+    def __init__(self, models: list[ServedModel]) -> None:
+        self.all = models
+
+    @classmethod
+    def load(cls, deployment: Deployment, repository: Path) -> Models:
+        return cls([served_model(deployment, settings, repository) for settings in deployment.models])
+
+    @property
+    def first(self) -> ServedModel:
+        return self.all[0]
+
+    def named(self, name: str | None, task: str, param: str = "model") -> ServedModel:
+        """The model a request names (None: the first of the task); 404 naming the served ones, 400 if it is
+        another task's."""
+        if name is None:
+            return self.for_task(task)
+        if not isinstance(name, str):
+            raise ApiError(400, f"'{param}' must be a string", param)
+        found = next((model for model in self.all if model.name == name), None)
+        if found is None:
+            served = ", ".join(repr(model.name) for model in self.all)
+            raise ApiError(
+                404, f"the model {name!r} does not exist; this server serves {served}", param, "model_not_found"
+            )
+        if found.task != task:
+            raise found.refuse_task(task)
+        return found
+
+    def for_task(self, task: str) -> ServedModel:
+        """The first model of the task (TEI's routes name no model); 400 naming what is served instead."""
+        found = next((model for model in self.all if model.task == task), None)
+        if found is None:
+            if len(self.all) == 1:
+                raise self.first.refuse_task(task)
+            served = ", ".join(f"{model.name} ({model.task})" for model in self.all)
+            raise ApiError(400, f"this server serves no {task} model: {served}", "model")
+        return found

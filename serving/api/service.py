@@ -1,0 +1,80 @@
+"""What every route of the API front shares in one worker: the served models, the gRPC link to Triton (and
+Triton's refusals worded for the caller), and reading and writing JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from common.contract import TOKENS_OUTPUT
+from serving.api.models import Models, ServedModel
+from serving.api.schema import ApiError
+from serving.api.triton_link import BadInput, NotReady, Overloaded, TimedOut, TritonError, TritonLink
+from settings import Deployment
+
+API_KEY_ENV = "BERT_TRITON_API_KEY"
+API = web.AppKey("api", object)
+
+
+class Api:
+    """What every route shares in one worker process."""
+
+    def __init__(self, deployment: Deployment, models: Models, grpc_target: str, ready_url: str, metrics_url: str):
+        self.deployment, self.models = deployment, models
+        self.grpc_target, self.ready_url, self.metrics_url = grpc_target, ready_url, metrics_url
+        self.api_key = os.environ.get(API_KEY_ENV) or None
+        self.in_flight = 0
+        self.created = int(time.time())
+        self.link: TritonLink | None = None
+        self.session: aiohttp.ClientSession | None = None
+
+    async def start(self, app: web.Application):
+        settings = self.deployment.api
+        self.link = TritonLink(self.grpc_target, settings.grpc_channels, settings.timeout_s)
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
+        yield
+        await self.link.close()
+        await self.session.close()
+
+    async def infer(self, model: ServedModel, inputs: dict[str, list[bytes]], outputs: list[str]) -> dict:
+        """The model's outputs and each row's token count, Triton's refusals worded for the caller."""
+        try:
+            return await self.link.infer(
+                model.triton, inputs, [*outputs, TOKENS_OUTPUT], model.max_texts, model.max_bytes
+            )
+        except BadInput as exc:
+            raise ApiError(400, f"tritonserver refused the texts: {exc}", "input") from None
+        except Overloaded as exc:
+            raise ApiError(429, f"Model is overloaded: {exc}", code="overloaded") from None
+        except NotReady as exc:
+            raise ApiError(503, f"tritonserver is not ready: {exc}", code="not_ready") from None
+        except TimedOut:
+            raise ApiError(504, f"no answer within api.timeout_s = {self.deployment.api.timeout_s} s") from None
+        except TritonError as exc:
+            raise ApiError(500, f"tritonserver failed: {exc}") from None
+
+
+async def read_json(request: web.Request):
+    body = await request.read()
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        pass
+    try:  # JSON that orjson refuses but Python reads: a lone surrogate (\ud800), which the schema then names
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ApiError(400, f"the body is not JSON ({exc})") from None
+
+
+def answer(data, status: int = 200, headers: dict | None = None) -> web.Response:
+    body = orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY)
+    return web.Response(body=body, status=status, content_type="application/json", headers=headers)
+
+
+def api_of(request: web.Request) -> Api:
+    return request.app[API]

@@ -1,0 +1,70 @@
+"""What the API front does to texts before the stages see them (serving/api/routes_tei.prepared and
+serving/api/truncation.py): TEI's prompt_name, truncation_direction Left and truncate false, against the
+Hugging Face tokenizer's own left truncation on the default model's tokenizer."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from tokenizers import Tokenizer
+
+from serving.api.models import served_model
+from serving.api.routes_tei import prepared
+from serving.api.schema import ApiError
+from settings import Deployment
+
+
+@pytest.fixture(scope="module")
+def model(settings, repository):
+    served = served_model(Deployment((settings,)), settings, repository)
+    return dataclasses.replace(served, prompts={"query": "query: ", "passage": "passage: "})
+
+
+def left_truncated(model, text: str) -> list[int]:
+    """The ids the Hugging Face tokenizer keeps truncating from the left to max_tokens."""
+    tokenizer = Tokenizer.from_str(model.whole.to_str())
+    tokenizer.enable_truncation(model.settings.model.max_tokens, direction="left")
+    return tokenizer.encode(text).ids
+
+
+def ids(model, text: str) -> list[int]:
+    return model.tokenizer.encode(text).ids
+
+
+def test_prompt_name_puts_the_checkpoints_prompt_in_front(model):
+    assert prepared(model, [b"what is triton"], {"prompt_name": "query"}) == [b"query: what is triton"]
+    with pytest.raises(ApiError, match=r"'prompt_name' 'title' is not one of the model's prompts \(passage, query\)"):
+        prepared(model, [b"x"], {"prompt_name": "title"})
+
+
+def test_left_truncation_keeps_the_tokens_the_tokenizer_keeps_from_the_left(model, sentences):
+    text = " ".join(sentences)  # far over max_tokens; words of one token and of several
+    assert len(model.whole.encode(text).ids) > 2 * model.settings.model.max_tokens
+    (cut,) = prepared(model, [text.encode()], {"truncation_direction": "Left"})
+    kept, reference = ids(model, cut.decode()), left_truncated(model, text)
+    # The cut goes at a word's start: a word the left truncation splits is dropped whole, so what is kept is
+    # the reference without at most that word's leading pieces.
+    assert kept[0] == reference[0] and kept[-1] == reference[-1]
+    assert kept[1:] == reference[len(reference) - len(kept) + 1 :]
+    assert len(reference) - len(kept) <= 4
+
+
+def test_left_truncation_of_one_token_words_is_exactly_the_tokenizers(model):
+    text = " ".join(["hello"] * 300) + " and this ending"
+    (cut,) = prepared(model, [text.encode()], {"truncation_direction": "left"})
+    assert ids(model, cut.decode()) == left_truncated(model, text)
+
+
+def test_truncate_false_refuses_the_text_over_the_limit_by_its_index(model):
+    short, long = "a short text", " ".join(["hello"] * 300)
+    assert prepared(model, [short.encode()], {"truncate": False}) == [short.encode()]
+    with pytest.raises(ApiError, match=r"'inputs\[1\]' has 302 tokens; the model takes at most 256") as refused:
+        prepared(model, [short.encode(), long.encode()], {"truncate": False})
+    assert refused.value.status == 413
+
+
+def test_texts_within_the_limit_pass_unchanged(model):
+    texts = [b"Triton batches requests.", "caf\u00e9 \u00fcber".encode()]
+    assert prepared(model, texts, {"truncation_direction": "Left"}) == texts
+    assert prepared(model, texts, {}) is texts
