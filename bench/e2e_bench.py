@@ -30,7 +30,7 @@ import tritonclient.grpc as grpcclient
 
 from bench import process_cpu
 from bench.gpu_sampler import GpuSampler
-from common.contract import TEXT_INPUT
+from common.contract import QUERY_INPUT, TEXT_INPUT
 from loadtest.corpus import load_text
 from loadtest.triton_stats import model_stats, stage_breakdown
 from model_repository.generate import generate
@@ -38,9 +38,15 @@ from serving.launcher.harness import local_server
 from serving.launcher.procfs import stub_processes
 from settings import Settings, load_settings
 
+# A reranker's rows: each corpus text scored against this query (perf_analyzer batches -b rows per request).
+RERANK_QUERY = "How does Triton batch requests of different lengths?"
 
-def perf_analyzer_input(texts: list[str], path: Path) -> None:
+
+def perf_analyzer_input(texts: list[str], path: Path, query: str | None = None) -> None:
+    """perf_analyzer's --input-data: one row per text (and a reranker's query in each row)."""
     rows = [{TEXT_INPUT: {"content": [text], "shape": [1]}} for text in texts]
+    if query is not None:
+        rows = [{QUERY_INPUT: {"content": [query], "shape": [1]}, **row} for row in rows]
     path.write_text(json.dumps({"data": rows}))
 
 
@@ -121,20 +127,23 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
     return [tuple(int(part) for part in shape.split("x")) for shape in text.split(",") if shape]
 
 
-def sweep(settings: Settings, args, work: Path, data: Path) -> dict:
-    """One server from `settings`: every shape against the model clients call."""
+def sweep(settings: Settings, args, work: Path, texts: list[str]) -> dict:
+    """One server from `settings`: every shape against the model clients call (texts per request: a reranker's
+    pairs, each text against RERANK_QUERY)."""
     shapes = parse_shapes(args.shapes)
     runs = []
     work.mkdir(parents=True, exist_ok=True)
+    data = work / "input.json"
+    perf_analyzer_input(texts, data, RERANK_QUERY if settings.model.task == "rerank" else None)
     with served(settings, args.url, work) as (url, server_pid):
         stats_client = grpcclient.InferenceServerClient(url)
         if args.warmup_s:  # CUDA graphs for the common shapes, caches: not measured
             texts, concurrency = shapes[-1]
             run_perf_analyzer(
-                args.perf_analyzer, url, "ensemble", data, concurrency, texts, args.warmup_s * 1000 // 3, 100,
+                args.perf_analyzer, url, args.model, data, concurrency, texts, args.warmup_s * 1000 // 3, 100,
                 work / "warmup.csv",
             )  # fmt: skip
-        model = "ensemble"
+        model = args.model
         for texts, concurrency in shapes:
             before, cpu_before = model_stats(stats_client), process_cpu.snapshot(server_pid)
             profile = None
@@ -193,16 +202,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("build/bench"))
     parser.add_argument("--gpu-name", default=os.environ.get("GPU_NAME", ""))
     parser.add_argument("--url", help="gRPC HOST:PORT of a running server on this host (default: start one)")
+    parser.add_argument("--model", default="ensemble", help="the served model (with --url on a several-model server)")
     args = parser.parse_args(argv)
     if shutil.which(args.perf_analyzer) is None:
         raise SystemExit(f"perf_analyzer not found ({args.perf_analyzer}); pass --perf-analyzer or PERF_ANALYZER")
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="e2e_bench_"))
-    data = work / "input.json"
-    perf_analyzer_input(load_text()[: args.texts], data)
+    texts = load_text()[: args.texts]
     results = []
     for index, path in enumerate(args.settings or [None]):
-        results.append(sweep(load_settings(path, args.set), args, work / f"server{index}", data))
+        results.append(sweep(load_settings(path, args.set), args, work / f"server{index}", texts))
         write_result(args, argv, results)
     return 0
 

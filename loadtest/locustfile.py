@@ -1,4 +1,5 @@
-"""Locust users for the text ensemble, and the acceptance verdict at the end of the run.
+"""Locust users for a served text model (an embedder, a classifier, or a reranker: its texts scored against one
+query), and the acceptance verdict at the end of the run.
 
     locust -f loadtest/locustfile.py --headless --host 127.0.0.1:8001 -u 8 -t 30s GrpcTextUser
     locust -f loadtest/locustfile.py --headless --host http://127.0.0.1:8000 -u 8 -t 30s HttpTextUser
@@ -28,7 +29,7 @@ from locust import FastHttpUser, User, constant, constant_throughput, events, ta
 from locust.runners import WorkerRunner
 from tritonclient.grpc import service_pb2
 
-from common.contract import TEXT_INPUT
+from common.contract import QUERY_INPUT, TEXT_INPUT
 from loadtest.acceptance import (
     Measured,
     Thresholds,
@@ -40,13 +41,15 @@ from loadtest.acceptance import (
     verdict_line,
 )
 from loadtest.corpus import load_text
-from protocol.kserve_grpc import MODEL_INFER, model_infer_request
+from protocol.kserve_grpc import MODEL_INFER, encode_texts, tensors_infer_request
 from settings import load_settings
 
 log = logging.getLogger("loadtest")
 TEXTS = load_text()
 # Filled from the command line when Locust fires `init`; the users read it.
-CONFIG: dict = {"model": "ensemble", "sizes": (1,), "weights": (1.0,), "timeout_s": 30.0}
+CONFIG: dict = {"model": "ensemble", "sizes": (1,), "weights": (1.0,), "timeout_s": 30.0, "query": None}
+# A reranker's load: every text of a request is scored against this query (the settings' model.task says so).
+QUERY = "How does Triton batch requests of different lengths?"
 # CPU seconds (user + system, all threads) this process spent between test_start and test_stop, and
 # what each worker process reported for itself.
 CPU: dict = {"start": None, "self": None, "workers": {}, "wall_start": None, "wall": None}
@@ -100,7 +103,8 @@ def thresholds(options) -> Thresholds:
 @events.init.add_listener
 def _configure(environment, **_) -> None:
     options = environment.parsed_options
-    load = load_settings(getattr(options, "settings", None)).loadtest
+    settings = load_settings(getattr(options, "settings", None))
+    load = settings.loadtest
     mix = getattr(options, "batch_mix", None)
     sizes, weights = parse_mix(mix) if mix else (load.batch_sizes, load.batch_weights)
     CONFIG.update(
@@ -110,6 +114,7 @@ def _configure(environment, **_) -> None:
         timeout_s=getattr(options, "request_timeout", 30.0),
         rng=random.Random(getattr(options, "text_seed", 2026)),
         rate_per_user=getattr(options, "rate_per_user", 0.0) or 0.0,
+        query=QUERY if settings.model.task == "rerank" else None,
     )
     rate = CONFIG["rate_per_user"]
     for cls in (GrpcTextUser, HttpTextUser):
@@ -212,7 +217,10 @@ class GrpcTextUser(User):
         key = (CONFIG["model"], tuple(texts))
         request = self._requests.get(key)
         if request is None:
-            request = self._requests[key] = model_infer_request(CONFIG["model"], texts)
+            inputs = {TEXT_INPUT: encode_texts(texts)}
+            if CONFIG["query"] is not None:
+                inputs = {QUERY_INPUT: encode_texts([CONFIG["query"]] * len(texts)), **inputs}
+            request = self._requests[key] = tensors_infer_request(CONFIG["model"], inputs)
         length, error = 0, None
         started = time.perf_counter()
         try:
@@ -247,7 +255,13 @@ class HttpTextUser(FastHttpUser):
     @task
     def infer(self) -> None:
         texts = self._texts.batch()
-        body = {"inputs": [{"name": TEXT_INPUT, "datatype": "BYTES", "shape": [len(texts), 1], "data": texts}]}
+        inputs = [{"name": TEXT_INPUT, "datatype": "BYTES", "shape": [len(texts), 1], "data": texts}]
+        if CONFIG["query"] is not None:
+            shape = [len(texts), 1]
+            inputs.append(
+                {"name": QUERY_INPUT, "datatype": "BYTES", "shape": shape, "data": [CONFIG["query"]] * len(texts)}
+            )
+        body = {"inputs": inputs}
         with self.client.post(
             f"/v2/models/{CONFIG['model']}/infer",
             data=json.dumps(body),

@@ -10,7 +10,10 @@ jitter within a deadline), with a share of bad requests (a text over tokenizer.m
   oversized-bodies    HTTP bodies over front.max_body_bytes, each content type, to an existing and an unknown
                       model, and a form-typed 5 MB body (the one that crashes tritonserver 2.51 directly)
   kill-MODEL          SIGKILL one stub process of each Python model in turn (one_stage: ensemble; two_stage:
-                      tokenizer, encoder); the watchdog reloads it
+                      tokenizer, encoder; with several models, every model's); the watchdog reloads it
+
+With several settings files (one per model) each model gets its own load of `users` (embed, classify, or a
+reranker's query with one text) and is counted apart: a phase reports every model's figures and their sum.
 
 A phase is phase_s / 2 of load, the event (as long as it takes: its recovery time is in the table), and
 phase_s / 2 more; its "seconds" says how long it ran in all.
@@ -45,7 +48,7 @@ from loadtest.corpus import load_text
 from model_repository.configs import python_models
 from serving.launcher.harness import Launcher
 from serving.launcher.triton_command import Ports
-from settings import load_settings
+from settings import load_deployment
 
 
 def error_kind(exc: BaseException) -> str:
@@ -64,6 +67,7 @@ def error_kind(exc: BaseException) -> str:
     return "other"
 
 
+QUERY = "How does the server stay up under faults?"  # what a reranker's load scores each text against
 # Content types tritonserver's HTTP reads an inference body with (none at all is what some clients send).
 CONTENT_TYPES = [None, "application/json", "application/octet-stream", "application/x-www-form-urlencoded"]
 PHASES = ["steady", "restart", "crash-tritonserver", "oversized-bodies"]  # then kill-<model> per Python model
@@ -78,6 +82,8 @@ class Load:
     url: str
     users: int
     max_text_bytes: int
+    model: str = "ensemble"  # the served model this load calls
+    task: str = "embedding"  # what it asks of it: embed, classify, or a reranker's score for (QUERY, text)
     timeout_s: float = 30.0
     bad_every: int = 50
     phase: str = "steady"
@@ -99,7 +105,7 @@ class Load:
         return self
 
     def _user(self, user: int, texts: list[str]) -> None:
-        client = TextClient(self.url, "grpc", timeout_s=self.timeout_s, retry=RetryPolicy())
+        client = TextClient(self.url, "grpc", self.model, timeout_s=self.timeout_s, retry=RetryPolicy())
         count = 0
         while not self._stop.is_set():
             count += 1
@@ -110,7 +116,7 @@ class Load:
                 self.sent[phase] += 1
                 self.bad_sent[phase] += bad
             try:
-                client.embed(batch)
+                client.infer(batch, QUERY if self.task == "rerank" else None)
                 kind = "ok"
             except ClientError as exc:
                 kind = error_kind(exc)
@@ -140,6 +146,20 @@ class Load:
             "lost": sent - len(records),
             "longest_gap_without_success_s": round(gap, 3) if gap is not None else None,
         }
+
+
+def summed(tallies) -> dict:
+    """Several models' tallies of one phase as one: counts added, refusals merged, the longest gap."""
+    tallies = list(tallies)
+    total = {key: sum(t[key] for t in tallies) for key in ("sent", "succeeded", "lost")}
+    for key in ("refused", "bad"):
+        merged: Counter = Counter()
+        for tally in tallies:
+            merged.update(tally[key])  # unlike Counter's +, keeps a count of 0 ("sent": 0 bad requests)
+        total[key] = dict(sorted(merged.items()))
+    gaps = [t["longest_gap_without_success_s"] for t in tallies if t["longest_gap_without_success_s"] is not None]
+    total["longest_gap_without_success_s"] = max(gaps) if gaps else None
+    return total
 
 
 def kill_stub(launcher: Launcher, model: str, timeout_s: float = 120.0) -> dict:
@@ -233,16 +253,24 @@ def restart(launcher: Launcher, timeout_s: float = 180.0) -> tuple[Launcher, dic
     }
 
 
-def run(settings_path: Path, repository: Path, out: Path, users: int, phase_s: float) -> dict:
-    settings = load_settings(settings_path)
+def run(settings_paths: list[Path], repository: Path, out: Path, users: int, phase_s: float) -> dict:
+    deployment = load_deployment(settings_paths)
+    settings = deployment.first
     out.mkdir(parents=True, exist_ok=True)
     ports = Ports.free()
-    launcher = Launcher(settings_path, repository, ports, out / "launcher.log").start()
-    load = Load(f"127.0.0.1:{ports.grpc}", users, settings.tokenizer.max_text_bytes).start()
+    launcher = Launcher(list(settings_paths), repository, ports, out / "launcher.log").start()
+    url = f"127.0.0.1:{ports.grpc}"
+    loads = {
+        served: Load(url, users, model.tokenizer.max_text_bytes, served, model.model.task).start()
+        for served, model in deployment.served().items()
+    }
+    stages = [name for model in deployment.models for name in python_models(model, deployment.names(model))]
     phases, started = {}, time.monotonic()
     try:
-        for phase in PHASES + [f"kill-{model}" for model in python_models(settings)]:
-            load.phase, start = phase, time.monotonic()
+        for phase in PHASES + [f"kill-{model}" for model in stages]:
+            start = time.monotonic()
+            for load in loads.values():
+                load.phase = phase
             event: dict = {}
             time.sleep(phase_s / 2)
             if phase.startswith("kill-"):
@@ -256,7 +284,8 @@ def run(settings_path: Path, repository: Path, out: Path, users: int, phase_s: f
             time.sleep(phase_s / 2)
             phases[phase] = {"event": event, "start": start, "end": time.monotonic()}
     finally:
-        load.stop()
+        for load in loads.values():
+            load.stop()
         launcher.terminate()
         try:
             launcher.process.wait(timeout=settings.server.exit_timeout_s + 20)
@@ -264,22 +293,21 @@ def run(settings_path: Path, repository: Path, out: Path, users: int, phase_s: f
             launcher.kill()
     for name, phase in phases.items():
         start, end = phase.pop("start"), phase.pop("end")
-        phase.update(seconds=round(end - start, 2), **load.tally(name, start, end))
-    total = {key: sum(p[key] for p in phases.values()) for key in ("sent", "succeeded", "lost")}
-    for key in ("refused", "bad"):
-        total[key] = dict(sum((Counter(p[key]) for p in phases.values()), Counter()))
+        per_model = {served: load.tally(name, start, end) for served, load in loads.items()}
+        phase.update(seconds=round(end - start, 2), **summed(per_model.values()), models=per_model)
+    total = summed(phases.values())
     return {
         "benchmark": "reliability",
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": {"cpu_cores": os.cpu_count(), "platform": platform.platform()},
         "command": "python -m loadtest.reliability " + " ".join(sys.argv[1:]),
-        "settings": str(settings_path),
+        "settings": [str(path) for path in settings_paths],
         "users": users,
-        "bad_request_share": f"1 in {load.bad_every} (a text of max_text_bytes + 1 bytes)",
+        "bad_request_share": f"1 in {Load.bad_every} (a text of max_text_bytes + 1 bytes)",
         "wall_s": round(time.monotonic() - started, 1),
         "phases": phases,
         "total": total,
-        "refusal_examples": load.examples,
+        "refusal_examples": {served: load.examples for served, load in loads.items()},
     }
 
 
@@ -305,6 +333,10 @@ def print_table(result: dict) -> None:
             f"{name:15s} {phase['sent']:7d} {phase['succeeded']:7d} {refused:20s} {bad:34s} {phase['lost']:5d} "
             f"{gap if gap is not None else '-':>6} {recovery}"
         )
+        if len(phase["models"]) > 1:  # several models: each one's own counts below the sum
+            for model, own in phase["models"].items():
+                counts = f"{own['sent']} sent, {own['succeeded']} ok, {own['lost']} lost"
+                print(f"  {model}: {counts}, good refused {own['refused'] or 'none'}")
     total = result["total"]
     print(
         f"total: {total['sent']} sent, {total['succeeded']} succeeded, good refused {total['refused']}, "
@@ -314,13 +346,15 @@ def print_table(result: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest.reliability", description=__doc__)
-    parser.add_argument("--settings", type=Path, default=Path("settings/defaults.toml"))
+    parser.add_argument(
+        "--settings", type=Path, nargs="+", default=[Path("settings/defaults.toml")], help="one file per model"
+    )
     parser.add_argument("--repository", type=Path, help="generated model repository (default: from the settings)")
     parser.add_argument("--users", type=int, default=8)
     parser.add_argument("--phase-seconds", type=float, default=10.0)
     parser.add_argument("--out", type=Path, default=Path("build/reliability"))
     args = parser.parse_args(argv)
-    repository = args.repository or load_settings(args.settings).repository_dir
+    repository = args.repository or load_deployment(args.settings).repository_dir
     result = run(args.settings, repository, args.out, args.users, args.phase_seconds)
     (args.out / "reliability.json").write_text(json.dumps(result, indent=2) + "\n")
     print_table(result)

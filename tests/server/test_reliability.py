@@ -30,7 +30,7 @@ from serving.launcher.harness import Launcher
 from serving.launcher.procfs import child_processes
 from serving.launcher.shm import SHM_REGION_PREFIX
 from serving.launcher.triton_command import Ports
-from settings import load_settings
+from settings import Deployment, load_settings
 from tests.support import scrape
 
 
@@ -51,9 +51,13 @@ def test_faults_under_load_lose_nothing_and_recover(settings, exported, tmp_path
     fast.write_text(text)
     settings = load_settings(fast)
     repository = generate(settings, exported, tmp_path / "model_repository")
-    result = reliability.run(fast, repository, tmp_path, users=4, phase_s=2.0)
+    result = reliability.run([fast], repository, tmp_path, users=4, phase_s=2.0)
+    stages = python_models(settings, Deployment.of(settings).names(settings))
     phases = result["phases"]
-    assert list(phases) == [*reliability.PHASES, *(f"kill-{model}" for model in python_models(settings))]
+    assert list(phases) == [
+        *reliability.PHASES,
+        *(f"kill-{model}" for model in stages),
+    ]
     for name, phase in phases.items():
         assert phase["lost"] == 0, name
         assert phase["succeeded"] > 0, name
@@ -63,7 +67,7 @@ def test_faults_under_load_lose_nothing_and_recover(settings, exported, tmp_path
         sent = bad.pop("sent")
         assert bad == ({"invalid_argument": sent} if sent else {}), (name, phase["bad"])
     assert result["total"]["bad"]["sent"] > 0
-    for model in python_models(settings):
+    for model in stages:
         event = phases[f"kill-{model}"]["event"]
         assert event["ready_503_seen"] and any(model in problem for problem in event["problems_reported"])
         assert event["watchdog_reload_s"] is not None and event["stubs_after"] >= 1
@@ -72,7 +76,7 @@ def test_faults_under_load_lose_nothing_and_recover(settings, exported, tmp_path
     bodies = phases["oversized-bodies"]["event"]
     assert bodies["tritonserver_survived"], bodies
     assert bodies["answers"] == {"413": 8, "400": 1, "404": 1}, "413 over the limit; the 5 MB body is answered"
-    for model in python_models(settings):
+    for model in stages:
         event = phases[f"kill-{model}"]["event"]
         assert event["stubs_after"] == event["stubs_expected"], event
     restart = phases["restart"]["event"]
