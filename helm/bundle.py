@@ -1,6 +1,7 @@
 """The bundle the Helm chart serves from a claim: `python helm/bundle.py --settings FILE --out DIR`.
 
     DIR/settings.toml       the settings file (the chart needs it too: --set-file settings.toml=DIR/settings.toml)
+    DIR/model-N.toml        with several settings files: each later model's (the chart's extraModels[N-1].toml)
     DIR/repository/         the Triton model repository generated from it (python -m model_repository.generate)
     DIR/engine/             engine.kind tensorrt only: the build spec and the ONNX model it names
 
@@ -24,7 +25,8 @@ from pathlib import Path
 
 from model_repository.configs import ENGINE_FILES
 from model_repository.generate import generate
-from settings import ROOT, Settings, SettingsError, load_settings
+from settings import ROOT, Deployment, Settings, SettingsError, load_deployment
+from settings.deployment import SERVER_WIDE
 
 ENGINE_DIR = "engine"
 SPEC_FILE = "tensorrt_build.json"  # what docker/engine_cache.py reads
@@ -66,27 +68,42 @@ def write_engine_inputs(settings: Settings, out: Path) -> Path:
     return engine
 
 
-def write_bundle(settings: Settings, out: Path) -> Path:
+def write_bundle(settings: Settings | Deployment, out: Path) -> Path:
+    """The bundle of one model, or of several served together: settings.toml (the first, complete) and
+    model-N.toml for each other model (without the server-wide sections, as the chart's extraModels take them)."""
+    deployment = Deployment.of(settings)
+    tensorrt = [model for model in deployment.models if model.engine.kind == "tensorrt"]
+    if tensorrt and (len(deployment.models) > 1):
+        raise SettingsError("a TensorRT model is bundled alone: the engine build makes one model's plan")
     out.mkdir(parents=True, exist_ok=True)
-    if settings.engine.kind == "tensorrt":
-        write_engine_inputs(settings, out)
-    write_repository(settings, settings.export_dir, out / "repository")
-    (out / "settings.toml").write_text(settings.as_toml())  # complete: the chart has no defaults of its own
+    if tensorrt:
+        write_engine_inputs(deployment.first, out)
+        write_repository(deployment.first, deployment.first.export_dir, out / "repository")
+    else:
+        generate(deployment, out=out / "repository")
+    (out / "settings.toml").write_text(deployment.first.as_toml())  # complete: the chart has no defaults of its own
+    for index, model in enumerate(deployment.models[1:], start=1):
+        (out / f"model-{index}.toml").write_text(model.as_toml(SERVER_WIDE))
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python helm/bundle.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--settings", help="settings file (default: settings/defaults.toml)")
+    parser.add_argument(
+        "--settings", nargs="+", default=[], help="settings file(s), one per model (default: settings/defaults.toml)"
+    )
     parser.add_argument("--out", type=Path, default=Path("build/bundle"), help="bundle folder (default: build/bundle)")
     args = parser.parse_args(argv)
     try:
-        settings = load_settings(args.settings)
-        out = write_bundle(settings, args.out)
+        deployment = load_deployment(args.settings)
+        out = write_bundle(deployment, args.out)
     except (SettingsError, RuntimeError) as exc:
         print(f"bundle failed: {exc}", file=sys.stderr)
         return 1
-    print(f"bundle in {out}: copy it to the chart's claim; helm install --set-file settings.toml={out}/settings.toml")
+    files = [f"settings.toml={out}/settings.toml"]
+    files += [f"extraModels[{i - 1}].toml={out}/model-{i}.toml" for i in range(1, len(deployment.models))]
+    flags = " ".join(f"--set-file {file}" for file in files)
+    print(f"bundle in {out}: copy it to the chart's claim; helm install {flags}")
     return 0
 
 

@@ -113,6 +113,6 @@ def test_dashboard_covers_what_operators_watch():
         "bert_encoder_padded_tokens_total",
     ):
         assert needle in exprs, needle
-    assert {v["name"] for v in dashboard["templating"]["list"]} == {"datasource", "pod"}
+    assert {v["name"] for v in dashboard["templating"]["list"]} == {"datasource", "pod", "model"}
     assert all(p["datasource"]["uid"] == "${datasource}" for p in dashboard["panels"] if p["type"] != "row")
     assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])

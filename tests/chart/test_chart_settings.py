@@ -107,3 +107,49 @@ def test_grace_period_outlasts_the_drain_and_tritons_exit(chart, config):
     (embedded,) = [c["data"]["settings.toml"] for c in objects["ConfigMap"] if "settings.toml" in c.get("data", {})]
     exit_timeout_s = tomllib.loads(embedded)["server"]["exit_timeout_s"]
     assert pod_spec(objects)["terminationGracePeriodSeconds"] > 2 * exit_timeout_s
+
+
+def test_extra_models_are_served_beside_the_first(chart):
+    """helm/values/reranker.yaml: the reranker's settings file beside the embedder's, one launcher for both; the
+    probe checks each model, /dev/shm holds both models' instances, the pod asks for the GPU they share."""
+    embedder = load_settings(ROOT / "settings" / "variants" / "bert-base-h200.toml")
+    reranker = load_settings(ROOT / "settings" / "variants" / "reranker-bert-base-h200.toml")
+    objects = render(chart, {**overlay("gpu"), **overlay("reranker")})
+    (config,) = objects["ConfigMap"]
+    extra = tomllib.loads(config["data"]["model-1.toml"])
+    assert extra["model"]["name"] == reranker.model.name and not {"server", "front", "api"} & set(extra)
+    files = ["--settings", "/etc/bert-triton/settings.toml", "/etc/bert-triton/model-1.toml"]
+    for container in pod_spec(objects)["containers"]:  # the launcher and the API front
+        assert container["args"][:3] == files, container["name"]
+    probe = server_container(objects)["readinessProbe"]["exec"]["command"]
+    assert [probe[i + 1] for i, word in enumerate(probe) if word == "--model"] == [
+        embedder.model.name,
+        reranker.model.name,
+    ]
+    instances = sum(model.tokenizer.instances + model.encoder.instances for model in (embedder, reranker))
+    (shm,) = [v for v in pod_spec(objects)["volumes"] if v["name"] == "shm"]
+    assert shm["emptyDir"]["sizeLimit"] == f"{64 * instances}Mi"
+    assert server_container(objects)["resources"]["limits"][GPU] == 1  # both on GPU 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("[server]\ngrpc_port = 9001\n", r"sets \[server\]: the server-wide sections are settings.toml's"),
+        ('[engine]\nkind = "tensorrt"\n', "a TensorRT model is built by the engine build job"),
+        ("", 'model.name "bert-base-random" is another model\'s'),
+    ],
+)
+def test_an_extra_model_that_cannot_be_served_beside_the_first_is_refused(chart, extra, message):
+    reranker = load_settings(ROOT / "settings" / "variants" / "reranker-bert-base-h200.toml")
+    text = reranker.as_toml(("server", "front", "api"))
+    if "kind" in extra:
+        text = text.replace('kind = "torch"', 'kind = "tensorrt"')
+    elif extra:
+        text += "\n" + extra
+    else:
+        text = text.replace(f'name = "{reranker.model.name}"', 'name = "bert-base-random"')
+    import helm_python
+
+    with pytest.raises(helm_python.HelmRenderError, match=message):
+        render(chart, {"extraModels": [{"toml": text}]})

@@ -44,50 +44,88 @@ app.kubernetes.io/part-of: bert-triton
 {{- end }}
 
 {{/*
-The settings file (values settings.toml), parsed. The chart reads the deployment's shape from it and has no
-defaults of its own: the file is complete, as helm/sync_settings.py and helm/bundle.py write it (the
-settings read over settings/defaults.toml). Returned as JSON: use
-`fromJson (include "bert-triton.settings" .)`.
+One settings file, parsed and checked: a dict of what the chart reads from it. The argument: (list TOML WHERE
+FIRST), WHERE naming the value in errors, FIRST whether it is settings.toml (whose server-wide sections are the
+server's; an extra model's file has none). The file is complete, as helm/sync_settings.py and helm/bundle.py
+write it (read over settings/defaults.toml): the chart has no defaults of its own.
 */}}
-{{- define "bert-triton.settings" -}}
-{{- $raw := fromToml (required "settings.toml must hold the settings file the model repository was generated from" .Values.settings.toml) }}
+{{- define "bert-triton.modelShape" -}}
+{{- $where := index . 1 }}
+{{- $first := index . 2 }}
+{{- $raw := fromToml (required (printf "%s must hold a settings file the model repository was generated from" $where) (index . 0)) }}
 {{- if hasKey $raw "Error" }}
-{{- fail (printf "settings.toml is not valid TOML: %s" $raw.Error) }}
+{{- fail (printf "%s is not valid TOML: %s" $where $raw.Error) }}
 {{- end }}
-{{- $read := dict "model" (list "task") "engine" (list "kind") "server" (list "http_port" "grpc_port" "metrics_port" "health_port" "exit_timeout_s") "tokenizer" (list "instances") "encoder" (list "instances" "gpus") "postprocess" (list "instances") "api" (list "port" "workers") }}
+{{- $read := dict "model" (list "task" "name") "engine" (list "kind") "tokenizer" (list "instances") "encoder" (list "instances" "gpus") "postprocess" (list "instances") }}
+{{- if $first }}
+{{- $_ := set $read "server" (list "http_port" "grpc_port" "metrics_port" "health_port" "exit_timeout_s") }}
+{{- $_ := set $read "api" (list "port" "workers") }}
+{{- else }}
+{{- range $section := list "server" "front" "api" }}
+{{- if hasKey $raw $section }}
+{{- fail (printf "%s sets [%s]: the server-wide sections are settings.toml's (helm/sync_settings.py leaves them out)" $where $section) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- range $section, $keys := $read }}
 {{- range $key := $keys }}
 {{- if not (hasKey (get $raw $section | default dict) $key) }}
-{{- fail (printf "settings.toml lacks [%s] %s: embed the complete file that `python helm/sync_settings.py` or `python helm/bundle.py` writes" $section $key) }}
+{{- fail (printf "%s lacks [%s] %s: embed the complete file that `python helm/sync_settings.py` or `python helm/bundle.py` writes" $where $section $key) }}
 {{- end }}
 {{- end }}
 {{- end }}
-{{- $model := $raw.model }}
-{{- $engine := $raw.engine }}
-{{- $server := $raw.server }}
-{{- $tokenizer := $raw.tokenizer }}
-{{- $encoder := $raw.encoder }}
-{{- $postprocess := $raw.postprocess }}
-{{- $kind := $engine.kind }}
+{{- $kind := $raw.engine.kind }}
 {{- if eq $kind "torch_gpu" }}{{/* the torch engine's old name, read for one release as the launcher reads it */}}
 {{- $kind = "torch" }}
 {{- end }}
-{{- $task := $model.task }}
-{{- $gpus := 0 }}
+{{- $gpus := list }}
 {{- if has $kind (list "torch" "tensorrt") }}
-{{- $gpus = len $encoder.gpus }}
+{{- $gpus = $raw.encoder.gpus }}
 {{- end }}
-{{- $instances := int $tokenizer.instances }}
+{{- $instances := int $raw.tokenizer.instances }}
 {{- if ne $kind "tensorrt" }}
-{{- $instances = add $instances (int $encoder.instances) }}
+{{- $instances = add $instances (int $raw.encoder.instances) }}
 {{- end }}
-{{- if eq $task "classification" }}
-{{- $instances = add $instances (int $postprocess.instances) }}
+{{- if eq $raw.model.task "classification" }}
+{{- $instances = add $instances (int $raw.postprocess.instances) }}
+{{- end }}
+{{- dict "raw" $raw "engineKind" $kind "gpuIds" $gpus "pythonInstances" $instances | toJson }}
+{{- end }}
+
+{{/*
+The deployment's shape from its settings: settings.toml (the first model, whose [server] and [api] sections
+are the server's) and each of extraModels (more models in the same server, one settings file each). GPUs per
+pod: the distinct encoder.gpus of every model on a GPU engine; /dev/shm: every model's Python-backend
+instances. Returned as JSON: use `fromJson (include "bert-triton.settings" .)`.
+*/}}
+{{- define "bert-triton.settings" -}}
+{{- $first := fromJson (include "bert-triton.modelShape" (list .Values.settings.toml "settings.toml" true)) }}
+{{- $raw := $first.raw }}
+{{- $server := $raw.server }}
+{{- $gpus := $first.gpuIds }}
+{{- $instances := int $first.pythonInstances }}
+{{- $kinds := list $first.engineKind }}
+{{- $names := list $raw.model.name }}
+{{- range $index, $extra := .Values.extraModels }}
+{{- $shape := fromJson (include "bert-triton.modelShape" (list $extra.toml (printf "extraModels[%d].toml" $index) false)) }}
+{{- if eq $shape.engineKind "tensorrt" }}
+{{- fail (printf "extraModels[%d]: a TensorRT model is built by the engine build job, which builds the first model's plan only: put it in settings.toml" $index) }}
+{{- end }}
+{{- if has $shape.raw.model.name $names }}
+{{- fail (printf "extraModels[%d]: model.name %q is another model's: each model needs its own" $index $shape.raw.model.name) }}
+{{- end }}
+{{- $names = append $names $shape.raw.model.name }}
+{{- $gpus = concat $gpus $shape.gpuIds }}
+{{- $instances = add $instances (int $shape.pythonInstances) }}
+{{- $kinds = append $kinds $shape.engineKind }}
 {{- end }}
 {{- dict
-    "engineKind" $kind
-    "task" $task
-    "gpus" $gpus
+    "engineKind" $first.engineKind
+    "torchImage" (has "torch" $kinds)
+    "task" $raw.model.task
+    "models" $names
+    "served" (ternary $names (list "ensemble") (gt (len $names) 1))
+    "gpus" (len (uniq $gpus))
     "pythonInstances" $instances
     "httpPort" (int $server.http_port)
     "grpcPort" (int $server.grpc_port)
@@ -100,7 +138,28 @@ settings read over settings/defaults.toml). Returned as JSON: use
 {{- end }}
 
 {{/*
-Server image: the tag defaults to the chart's appVersion, with "-torch" for the torch engine (the image
+The health check's --model for every served model (the readiness probe checks each: one dead stub fails it).
+*/}}
+{{- define "bert-triton.modelArgs" -}}
+{{- range $model := (fromJson (include "bert-triton.settings" .)).served }}
+- --model
+- {{ $model }}
+{{- end }}
+{{- end }}
+
+{{/*
+The launcher's and the API front's --settings: the first model's file, then each extra model's.
+*/}}
+{{- define "bert-triton.settingsArgs" -}}
+- --settings
+- /etc/bert-triton/settings.toml
+{{- range $index, $_ := .Values.extraModels }}
+- /etc/bert-triton/model-{{ add $index 1 }}.toml
+{{- end }}
+{{- end }}
+
+{{/*
+Server image: the tag defaults to the chart's appVersion, with "-torch" where a model runs the torch engine (the image
 built with --build-arg WITH_TORCH=1).
 */}}
 {{- define "bert-triton.image" -}}
@@ -108,7 +167,7 @@ built with --build-arg WITH_TORCH=1).
 {{- $tag := .Values.image.tag }}
 {{- if not $tag }}
 {{- $tag = .Chart.AppVersion }}
-{{- if eq $s.engineKind "torch" }}
+{{- if $s.torchImage }}
 {{- $tag = printf "%s-torch" $tag }}
 {{- end }}
 {{- end }}
