@@ -34,8 +34,17 @@ FILE = re.compile(r"`((?:[\w.-]+/)*[\w-]+\.(?:py|toml|sh|md|json|yaml|tpl|txt))`
 SKIPPED = {".git", ".venv", "build", "node_modules", "__pycache__", ".kit", ".hypothesis", ".pytest_cache"}
 
 
-# Files the project writes (exports, generated repositories, results), named in the docs without existing here.
-WRITTEN = {"serving.json", "tokenizer.json", "config.json", "model.py", "settings.toml", "loadtest.json"}
+# Files the project writes (exports, generated repositories, results), named in the docs without existing here;
+# config_sentence_transformers.json is a checkpoint's, which the export copies.
+WRITTEN = {
+    "serving.json",
+    "tokenizer.json",
+    "config.json",
+    "config_sentence_transformers.json",
+    "model.py",
+    "settings.toml",
+    "loadtest.json",
+}
 
 
 def repository_files() -> list[str]:
