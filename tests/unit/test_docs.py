@@ -132,7 +132,7 @@ def problems(doc: Path) -> list[str]:
                 found.append(f"python -m {module}: no such module")
                 continue
             if not module_runs(module):
-                found.append(f"python -m {module}: no `if __name__ == \"__main__\"`: it would run nothing")
+                found.append(f'python -m {module}: no `if __name__ == "__main__"`: it would run nothing')
             patterns = flag_patterns(module)
             for word in words[3:]:
                 flag = word.split("=")[0]
