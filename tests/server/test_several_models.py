@@ -14,6 +14,7 @@ import urllib.error
 import urllib.request
 
 import cohere
+import huggingface_hub.constants
 import numpy as np
 import openai
 import pytest
@@ -107,8 +108,11 @@ def test_the_grpc_client_reaches_each_model_by_its_name(launcher, cross_encoder,
     assert ((served * reference).sum(1) / np.linalg.norm(reference, axis=1)).min() >= 0.9999
 
 
-def test_huggingface_hub_feature_extraction_goes_to_the_embedder(launcher):
+def test_huggingface_hub_feature_extraction_goes_to_the_embedder(launcher, monkeypatch):
     """InferenceClient(model=URL).feature_extraction posts to / : the first model's task (an embedder) answers."""
+    # CI runs with HF_HUB_OFFLINE=1 (nothing downloads), which makes huggingface_hub refuse every request,
+    # this local server's too; the Hub itself is not called here.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     served = np.asarray(InferenceClient(model=api_url(launcher)).feature_extraction(DOCUMENTS[0]))
     with TextClient(f"127.0.0.1:{launcher.ports.grpc}", "grpc", model=EMBEDDER) as client:
         expected = client.embed(DOCUMENTS[:1])
