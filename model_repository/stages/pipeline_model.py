@@ -45,16 +45,13 @@ class TritonPythonModel:
 
     def execute(self, requests: list) -> list:
         texts_in = [pb_utils.get_input_tensor_by_name(request, TEXT_INPUT).as_numpy() for request in requests]
-        if self.pairs:
-            queries_in = [pb_utils.get_input_tensor_by_name(request, QUERY_INPUT).as_numpy() for request in requests]
-            queries, texts, parts = self.text.gather_pairs(queries_in, texts_in)
-            ids, lengths, types = self.text.tokenizer.encode_pairs(queries, texts)
-        else:
-            texts, parts = self.text.gather(texts_in)
-            (ids, lengths), types = self.text.tokenizer.encode(texts), None
-        outputs = self.engine.forward_packed(ids, lengths, types) if texts else None
+        queries_in = (
+            [pb_utils.get_input_tensor_by_name(r, QUERY_INPUT).as_numpy() for r in requests] if self.pairs else None
+        )
+        parts, ids, lengths, types = self.text.tokenize(texts_in, queries_in)
+        outputs = self.engine.forward_packed(ids, lengths, types) if len(lengths) else None
         self._record(len(requests), lengths)
-        if self.labels is not None and texts:
+        if self.labels is not None and len(lengths):
             outputs = scores_and_labels(outputs, self.labels)
         tokens = lengths.astype(np.int32).reshape(-1, 1)
         responses = []

@@ -110,3 +110,15 @@ class TextInput:
 
         rows, parts = gather(list(zip(query_raws, text_raws, strict=True)), decode)
         return [query for query, _ in rows], [text for _, text in rows], parts
+
+    def tokenize(
+        self, text_raws: list[np.ndarray], query_raws: list[np.ndarray] | None = None
+    ) -> tuple[list[slice | str], np.ndarray, np.ndarray, np.ndarray | None]:
+        """Every request's texts (with query_raws: its (query, text) pairs) gathered and tokenized in one call:
+        each request's slice of the rows or its refusal, then the packed ids, lengths and token types (pairs)."""
+        if query_raws is None:
+            texts, parts = self.gather(text_raws)
+            ids, lengths = self.tokenizer.encode(texts)
+            return parts, ids, lengths, None
+        queries, texts, parts = self.gather_pairs(query_raws, text_raws)
+        return parts, *self.tokenizer.encode_pairs(queries, texts)

@@ -47,13 +47,10 @@ class TritonPythonModel:
 
     def execute(self, requests: list) -> list:
         texts_in = [pb_utils.get_input_tensor_by_name(request, TEXT_INPUT).as_numpy() for request in requests]
-        if self.pairs:
-            queries_in = [pb_utils.get_input_tensor_by_name(request, QUERY_INPUT).as_numpy() for request in requests]
-            queries, texts, parts = self.text.gather_pairs(queries_in, texts_in)
-            ids, lengths, types = self.text.tokenizer.encode_pairs(queries, texts)
-        else:
-            texts, parts = self.text.gather(texts_in)
-            (ids, lengths), types = self.text.tokenizer.encode(texts), None
+        queries_in = (
+            [pb_utils.get_input_tensor_by_name(r, QUERY_INPUT).as_numpy() for r in requests] if self.pairs else None
+        )
+        parts, ids, lengths, types = self.text.tokenize(texts_in, queries_in)
         self._record(len(requests), lengths)
         starts = np.cumsum(lengths) - lengths
         tokens = lengths.astype(np.int32).reshape(-1, 1)

@@ -35,33 +35,35 @@ def refuse_over_limit(model: ServedModel, texts: list[str] | list[tuple[str, str
             )
 
 
+def _over(model: ServedModel, texts: list[str], room: int, cut) -> list[str]:
+    """Each text with more than `room` tokens of its own replaced by cut(text, encoding, its own positions)."""
+    return [
+        text if len(inner := _inner(encoding)) <= room else cut(text, encoding, inner)
+        for text, encoding in zip(texts, model.whole.encode_batch(texts), strict=True)
+    ]
+
+
 def keep_last(model: ServedModel, texts: list[str]) -> list[str]:
     """truncation_direction: Left: each text cut so that its last tokens are what the model keeps. The cut goes
     at a word's start, so a word cut in two is dropped whole rather than read as another word."""
     room = model.settings.model.max_tokens - 2  # [CLS], [SEP]
-    cut = []
-    for text, encoding in zip(texts, model.whole.encode_batch(texts), strict=True):
-        inner = _inner(encoding)
-        if len(inner) <= room:
-            cut.append(text)
-            continue
+
+    def cut(text: str, encoding: Encoding, inner: list[int]) -> str:
         first = len(inner) - room
         while first < len(inner) and not _word_start(encoding, inner[first]):
             first += 1
-        cut.append(text[encoding.offsets[inner[first]][0] :] if first < len(inner) else "")
-    return cut
+        return text[encoding.offsets[inner[first]][0] :] if first < len(inner) else ""
+
+    return _over(model, texts, room, cut)
 
 
 def keep_first(model: ServedModel, texts: list[str], tokens: int) -> list[str]:
     """Each text cut after its first `tokens` tokens (Cohere's max_tokens_per_doc), at a word's start."""
-    cut = []
-    for text, encoding in zip(texts, model.whole.encode_batch(texts), strict=True):
-        inner = _inner(encoding)
-        if len(inner) <= tokens:
-            cut.append(text)
-            continue
+
+    def cut(text: str, encoding: Encoding, inner: list[int]) -> str:
         last = tokens
         while last > 0 and not _word_start(encoding, inner[last]):
             last -= 1
-        cut.append(text[: encoding.offsets[inner[last]][0]].rstrip())
-    return cut
+        return text[: encoding.offsets[inner[last]][0]].rstrip()
+
+    return _over(model, texts, tokens, cut)

@@ -12,6 +12,7 @@ from tokenizers import Tokenizer
 from serving.api.models import served_model
 from serving.api.routes_tei import prepared
 from serving.api.schema import ApiError
+from serving.api.truncation import keep_first
 from settings import Deployment
 
 
@@ -68,3 +69,14 @@ def test_texts_within_the_limit_pass_unchanged(model):
     texts = [b"Triton batches requests.", "caf\u00e9 \u00fcber".encode()]
     assert prepared(model, texts, {"truncation_direction": "Left"}) == texts
     assert prepared(model, texts, {}) is texts
+
+
+def test_max_tokens_per_doc_keeps_each_documents_first_tokens_at_a_word_start(model, sentences):
+    text = " ".join(sentences[:20])
+    for tokens in (5, 17, 64):
+        (cut,) = keep_first(model, [text], tokens)
+        kept = model.whole.encode(cut, add_special_tokens=False).ids
+        first = model.whole.encode(text, add_special_tokens=False).ids[:tokens]
+        # At most the pieces of the word the limit splits are dropped, never a token past the limit kept.
+        assert kept == first[: len(kept)] and tokens - 4 <= len(kept) <= tokens
+    assert keep_first(model, ["short text"], 5) == ["short text"]
