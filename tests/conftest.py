@@ -11,11 +11,41 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 
-from settings import load_settings
+from serving.launcher.shm import SHM_REGION_PREFIX
+from settings import ROOT, load_settings
+from tests.leftovers import leftovers, stub_argvs
+
+# What the session found when it started (stubs, shared-memory regions), and where its own files are.
+_BEFORE = pytest.StashKey[tuple[set[int], set[str]]]()
+_TEMP = pytest.StashKey[Path]()
+LEFTOVER_GRACE_S = 15.0  # a server stopped by the last fixture may still be unloading
+
+
+def pytest_sessionstart(session) -> None:
+    regions = {region.name for region in Path("/dev/shm").glob(f"{SHM_REGION_PREFIX}*")}
+    session.config.stash[_BEFORE] = (set(stub_argvs()), regions)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_temp(tmp_path_factory, pytestconfig):
+    pytestconfig.stash[_TEMP] = tmp_path_factory.getbasetemp()
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """No process and no shared memory may outlive the session: a stub left running holds ~230 MB (on a GPU, a
+    CUDA context) and a region 16 MiB. Found ones fail the run, named."""
+    roots = [ROOT, *([session.config.stash[_TEMP]] if _TEMP in session.config.stash else [])]
+    deadline = time.monotonic() + LEFTOVER_GRACE_S
+    while (left := leftovers(session.config.stash[_BEFORE], roots)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if left:
+        print("\nThe session left behind:\n  " + "\n  ".join(left), flush=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")

@@ -23,11 +23,13 @@ from common.contract import ENGINE_INPUTS, TOKEN_TYPES
 from common.padding import unpad
 
 from .model_args import engine_from_args, model_config
+from .parent_watch import exit_with_parent
 from .stage_metrics import StageMetrics, encoder_counts, encoder_metrics
 
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
+        exit_with_parent()  # a killed tritonserver leaves no stub behind (parent_watch.py)
         config, params, _ = model_config(args)
         self.engine = engine_from_args(args, params)
         self.output_name = self.engine.spec.output_name

@@ -24,12 +24,14 @@ from common.contract import QUERY_INPUT, SCORE_OUTPUT, TEXT_INPUT, TOKENS_OUTPUT
 
 from .classification import label_array, scores_and_labels
 from .model_args import engine_from_args, instance_count, model_config
+from .parent_watch import exit_with_parent
 from .stage_metrics import StageMetrics, encoder_counts, encoder_metrics, tokenizer_counts, tokenizer_metrics
 from .text_input import TextInput
 
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
+        exit_with_parent()  # a killed tritonserver leaves no stub behind (parent_watch.py)
         config, params, version_dir = model_config(args)
         self.text = TextInput(version_dir, params, instance_count(config))
         self.engine = engine_from_args(args, params)

@@ -10,10 +10,12 @@ import triton_python_backend_utils as pb_utils
 from common.contract import ServingSpec
 
 from .classification import label_array, scores_and_labels
+from .parent_watch import exit_with_parent
 
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
+        exit_with_parent()  # a killed tritonserver leaves no stub behind (parent_watch.py)
         spec = ServingSpec.load(Path(args["model_repository"]) / args["model_version"])
         self.labels = label_array(spec.labels)
         gc.freeze()  # what loading made lives on: later collections need not scan it

@@ -25,12 +25,14 @@ from common.contract import ENGINE_INPUTS, QUERY_INPUT, TEXT_INPUT, TOKEN_TYPES,
 from common.padding import pad_packed
 
 from .model_args import instance_count, model_config
+from .parent_watch import exit_with_parent
 from .stage_metrics import StageMetrics, tokenizer_counts, tokenizer_metrics
 from .text_input import TextInput
 
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
+        exit_with_parent()  # a killed tritonserver leaves no stub behind (parent_watch.py)
         config, params, version_dir = model_config(args)
         self.text = TextInput(version_dir, params, instance_count(config))
         self.pad_id = int(params["pad_token_id"])

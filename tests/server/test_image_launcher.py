@@ -22,6 +22,7 @@ import yaml
 from client import TextClient
 from serving.launcher import harness
 from serving.launcher.procfs import child_processes, stub_processes
+from serving.launcher.shm import SHM_REGION_PREFIX, mapped_files, remove_regions
 from serving.launcher.triton_command import Ports
 from serving.launcher.triton_install import (
     check_stub_python,
@@ -30,6 +31,7 @@ from serving.launcher.triton_install import (
     triton_home,
     triton_libs,
 )
+from tests.leftovers import stub_argvs
 from tests.support import (
     CHART,
     DOCKER,
@@ -55,6 +57,7 @@ def image_like_server(settings, repository, tmp_path_factory):
     /opt/tritonserver/backends). The settings file only differs from the default in free ports.
     """
     work = tmp_path_factory.mktemp("image_like")
+    regions_before = {region.name for region in Path("/dev/shm").glob(f"{SHM_REGION_PREFIX}*")}
     ports = Ports.free()
     text = settings.path.read_text()
     names = ("http_port", "grpc_port", "metrics_port", "health_port", "triton_http_port")
@@ -94,6 +97,14 @@ def image_like_server(settings, repository, tmp_path_factory):
     yield dataclasses.make_dataclass("ImageLike", ["process", "ports", "url", "settings"])(process, ports, url, text)
     process.kill()  # tritonserver follows its launcher (PR_SET_PDEATHSIG); a drain would wait for the dead stub
     process.wait()
+    # Nobody is left to remove what the killed stub of the test below left: its shared-memory region (the
+    # server's other stubs end with their tritonserver, stages/parent_watch.py, and free their own).
+    deadline = time.monotonic() + 10
+    while any(argv[0].startswith(str(work)) for argv in stub_argvs().values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    mapped = mapped_files()
+    ours = {r.name for r in Path("/dev/shm").glob(f"{SHM_REGION_PREFIX}*") if str(r) not in mapped}
+    remove_regions(ours - regions_before)
 
 
 def triton_process(launcher: int) -> tuple[int, str, list[bytes]]:

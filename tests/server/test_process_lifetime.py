@@ -1,0 +1,50 @@
+"""No process outlives its server: a tritonserver that is SIGKILLed (nobody left to reap its children, as when
+the launcher itself is killed) takes its Python stubs and their shared-memory regions with it
+(model_repository/stages/parent_watch.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from model_repository.generate import generate
+from serving.launcher.harness import local_server
+from serving.launcher.procfs import stubs
+
+
+def alive(pid: int) -> bool:
+    """Whether pid is a process that has not ended (a zombie has)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.parametrize("topology", ["one_stage", "two_stage"])
+def test_a_killed_tritonservers_stubs_end_and_free_their_shared_memory(settings, exported, tmp_path, topology):
+    chosen = dataclasses.replace(settings, ensemble=dataclasses.replace(settings.ensemble, topology=topology))
+    repository = generate(chosen, exported, tmp_path / "repository")
+    server = local_server(chosen, repository, tmp_path / "server")
+    server.start()
+    try:
+        found = stubs(server.process.pid)
+        assert {stub.model for stub in found} == ({"ensemble"} if topology == "one_stage" else {"tokenizer", "encoder"})
+        assert all((Path("/dev/shm") / stub.region).exists() for stub in found)
+        # Not reaped until the end: a dead parent nobody reaps (init in many containers does not) is a zombie,
+        # which the stub's own liveness check (kill(parent, 0)) still takes for alive.
+        os.kill(server.process.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(alive(stub.pid) for stub in found):
+            time.sleep(0.1)
+        left = [stub for stub in found if alive(stub.pid)]
+        assert not left, f"stubs outlived their tritonserver: {left}"
+        assert not [stub.region for stub in found if (Path("/dev/shm") / stub.region).exists()]
+    finally:
+        server.stop()
+        server.reap()
