@@ -24,24 +24,5 @@ source bench/device_env.sh
 python3 -m bench.several_models --settings "$EMBEDDER" "$RERANKER" $SHAPES --perf-analyzer "$PERF_ANALYZER" \
   --out "$OUT" 2>&1 | tee "$OUT/several_models.log"
 
-for instances in $STOP_INSTANCES; do
-  settings=/tmp/stop-$instances.toml
-  { cat "$EMBEDDER"; printf '\n[server]\nexit_timeout_s = 60\n'; } |
-    sed "s/^instances = .*/instances = $instances/" > "$settings"
-  python3 -m model_repository.generate --settings "$settings" > /dev/null
-  log="$OUT/stop-$instances.log"
-  python3 -m serving.launcher --settings "$settings" > "$log" 2>&1 &
-  launcher=$!
-  for _ in $(seq 600); do
-    python3 -c 'import urllib.request as u; u.urlopen("http://127.0.0.1:8003/ready", timeout=2)' 2>/dev/null && break
-    sleep 0.5
-  done
-  python3 -m bench.e2e_bench --settings "$settings" --url 127.0.0.1:8001 --perf-analyzer "$PERF_ANALYZER" \
-    --shapes 1x64 --interval-ms 2000 --out "/tmp/stop-$instances" > /dev/null 2>&1 || echo "load failed"
-  signalled=$(date +%s.%N)
-  kill -TERM "$launcher"
-  code=0
-  wait "$launcher" || code=$?
-  echo "$instances instances: the launcher exited with $code, $(python3 -c "print(round($(date +%s.%N) - $signalled, 1))") s after SIGTERM" | tee -a "$log"
-  grep -E "launcher: (drain|tritonserver exited)|unloaded|Timeout 0|failed to stop" "$log" | tail -6
-done
+# The stop after a load, with a generous exit timeout, so that the log says how long each step takes.
+OUT=$OUT EXPORT=0 SERVER_SETTINGS="exit_timeout_s = 60" SETTINGS=$EMBEDDER STOP_INSTANCES=$STOP_INSTANCES bash bench/h200_stop.sh

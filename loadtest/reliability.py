@@ -288,7 +288,7 @@ def run(settings_paths: list[Path], repository: Path, out: Path, users: int, pha
             load.stop()
         launcher.terminate()
         try:
-            launcher.process.wait(timeout=settings.server.exit_timeout_s + 20)
+            launcher.process.wait(timeout=settings.server.exit_timeout_s + deployment.triton_exit_timeout_s + 20)
         except subprocess.TimeoutExpired:
             launcher.kill()
     for name, phase in phases.items():

@@ -65,8 +65,8 @@ def check(settings: Settings) -> None:
     if settings.ensemble.max_batch_size > settings.encoder.max_batch_size:
         raise SettingsError("ensemble.max_batch_size must not exceed encoder.max_batch_size")
     server = settings.server
-    if server.watchdog_interval_s < 0 or server.exit_timeout_s < 1:
-        raise SettingsError("server needs watchdog_interval_s >= 0 and exit_timeout_s >= 1")
+    if server.watchdog_interval_s < 0 or server.exit_timeout_s < 1 or server.unload_s_per_stub < 0:
+        raise SettingsError("server needs watchdog_interval_s >= 0, exit_timeout_s >= 1 and unload_s_per_stub >= 0")
     if server.max_restarts < 0 or server.restart_window_s <= 0:
         raise SettingsError("server needs max_restarts >= 0 and restart_window_s > 0")
     front = settings.front

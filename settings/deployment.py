@@ -10,6 +10,7 @@ several, each model is served under its model.name (its steps as `<name>-tokeniz
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from pathlib import Path
 
@@ -74,6 +75,14 @@ class Deployment:
     def uses_gpus(self) -> bool:
         return any(settings.encoder.gpus for settings in self.models)
 
+    @property
+    def triton_exit_timeout_s(self) -> int:
+        """tritonserver's own --exit-timeout-secs: the drain's bound once more (for requests still in flight when
+        it ran out), plus server.unload_s_per_stub for every Python stub, which Triton 2.51 unloads one after
+        another (its Python backend checks each stub's health for 1 s before it asks the stub to finish)."""
+        stubs = sum(python_stubs(settings) for settings in self.models)
+        return self.server.exit_timeout_s + math.ceil(self.server.unload_s_per_stub * stubs)
+
     def names(self, settings: Settings) -> ServedNames:
         if len(self.models) == 1:
             return ServedNames(SINGLE_MODEL_NAME, "tokenizer", "encoder", "postprocess")
@@ -83,6 +92,17 @@ class Deployment:
     def served(self) -> dict[str, Settings]:
         """Each model by the name clients call it."""
         return {self.names(settings).model: settings for settings in self.models}
+
+
+def python_stubs(settings: Settings) -> int:
+    """The stub processes one model's Python stages run, as Triton counts instance groups (the count on each GPU
+    listed): one stage, [encoder]'s; two stages, [tokenizer]'s, [encoder]'s unless TensorRT serves it, and a
+    classifier's [postprocess]."""
+    encoder = settings.encoder.instances * max(1, len(settings.encoder.gpus))
+    if settings.topology == "one_stage":
+        return encoder
+    stubs = settings.tokenizer.instances + (encoder if settings.engine.kind != "tensorrt" else 0)
+    return stubs + (settings.postprocess.instances if settings.model.task == "classification" else 0)
 
 
 def load_deployment(paths: list | tuple = (), overrides: tuple[str, ...] | list[str] = ()) -> Deployment:

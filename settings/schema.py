@@ -99,6 +99,7 @@ class ServerSettings:
     health_port: int
     watchdog_interval_s: float
     exit_timeout_s: int
+    unload_s_per_stub: float
     max_restarts: int
     restart_window_s: float
     build_dir: str

@@ -6,8 +6,9 @@ server.max_restarts within server.restart_window_s, then it exits non-zero), res
 stub died (watchdog.py), serves /ready, /live and /metrics on server.health_port (ready = Triton ready, every
 stub alive, not shutting down), and on SIGTERM or SIGINT drains: /ready turns 503 at once, Triton keeps
 serving until no request has completed for a second (at most server.exit_timeout_s), then gets SIGTERM and
-has server.exit_timeout_s again to finish. tritonserver runs in a session of its own, so a Ctrl-C in the
-terminal reaches the launcher alone (which drains); what it leaves when it exits (stubs, shared memory) goes.
+has that again, plus server.unload_s_per_stub per Python stub, to finish (Deployment.triton_exit_timeout_s).
+tritonserver runs in a session of its own, so a Ctrl-C in the terminal reaches the launcher alone (which
+drains); what it leaves when it exits (stubs, shared memory) goes.
 
 In order: the settings and the repository are checked, stale shared memory is removed, the health port opens
 (503 until Triton is up), the HTTP front, the metrics port and the API front start (fronts.py), and the

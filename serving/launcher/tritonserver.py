@@ -115,14 +115,13 @@ class TritonServer:
         else:
             binary = triton_home() / "bin" / "tritonserver"
             backends = prepare_backends(self.work_dir, version)
-        exit_timeout_s = self.deployment.server.exit_timeout_s
         command = server_command(
             binary,
             self.repository,
             backends,
             self.ports,
             self.host,
-            exit_timeout_s,
+            self.deployment.triton_exit_timeout_s,
             self.admin_key,
             self.deployment.uses_gpus,
         )
@@ -237,13 +236,17 @@ class TritonServer:
         if self.process and self.process.poll() is None:
             waited = time.monotonic() - started
             why = "quiet" if quiet else f"the bound (server.exit_timeout_s = {bound})"
-            print(f"launcher: drain: {why} after {waited:.1f} s; SIGTERM to tritonserver", flush=True)
+            exit_s = self.deployment.triton_exit_timeout_s
+            print(
+                f"launcher: drain: {why} after {waited:.1f} s; SIGTERM to tritonserver (exit timeout {exit_s} s)",
+                flush=True,
+            )
             self.process.send_signal(signal.SIGTERM)
             signalled = time.monotonic()
-            # Triton has exit_timeout_s to finish; one that crashed in its own shutdown can hang in its signal
+            # Triton has its exit timeout to finish; one that crashed in its own shutdown can hang in its signal
             # handler (seen: SIGSEGV and SIGABRT after "Exit timeout expired"), so it gets SIGKILL after that.
             try:
-                code = self.process.wait(timeout=bound + 10)
+                code = self.process.wait(timeout=exit_s + 10)
                 took = time.monotonic() - signalled
                 print(f"launcher: tritonserver exited {took:.1f} s after SIGTERM (exit code {code})", flush=True)
             except subprocess.TimeoutExpired:
@@ -294,7 +297,9 @@ class TritonServer:
         if self.process and self.process.poll() is None:
             self.shut_down()
             try:
-                self.process.wait(timeout=2 * self.deployment.server.exit_timeout_s + 20)
+                self.process.wait(
+                    timeout=self.deployment.server.exit_timeout_s + self.deployment.triton_exit_timeout_s + 20
+                )
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()

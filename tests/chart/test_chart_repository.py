@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from serving.launcher.triton_command import Ports, server_command
-from settings import ROOT, load_settings
+from settings import ROOT, Deployment, load_settings
 from tests.chart.helm import GPU, overlay, pod_spec, render, server_container
 
 
@@ -28,7 +28,7 @@ def test_object_store_runs_tritonserver_with_the_launchers_flags(chart):
         Path("/opt/tritonserver/backends"),
         dataclasses.replace(Ports.of(settings), triton_http=0),  # and no HTTP front: Triton's HTTP is the port
         "0.0.0.0",
-        settings.server.exit_timeout_s,
+        Deployment.of(settings).triton_exit_timeout_s,
     )[1:]
     assert launcher[0] == "--model-repository=/repository"
     assert container["args"] == [f"--model-repository={uri}", *launcher[1:]]

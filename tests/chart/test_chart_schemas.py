@@ -124,7 +124,8 @@ def test_values_schema_refuses_bad_values(chart):
         ({"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}}, "must not exceed"),
         ({"settings": {"toml": "[server]\nhttp_port = 9000\n"}}, "lacks [api] port"),
         ({"settings": {"toml": "[model\n"}}, "not valid TOML"),
-        ({"terminationGracePeriodSeconds": 20}, "must exceed 2 x server.exit_timeout_s (20)"),
+        # The default settings (BERT-base, 8 GPU stubs): 10 s of drain, then Triton's 10 + 8 x 2 s.
+        ({"terminationGracePeriodSeconds": 36}, "terminationGracePeriodSeconds (36) must exceed 36 s"),
     ],
 )
 def test_inconsistent_values_fail_with_a_reason(chart, values, message):

@@ -11,7 +11,8 @@ import tomllib
 import yaml
 
 from serving.launcher.triton_command import SHM_DEFAULT_BYTES
-from settings import ROOT, load_settings
+from settings import ROOT, load_deployment, load_settings
+from settings.deployment import python_stubs
 from tests.chart.helm import (
     CHART,
     CONFIGS,
@@ -70,11 +71,9 @@ def test_chart_follows_the_settings_file(chart, settings_file):
         assert GPU not in resources.get("limits", {}) and GPU not in resources.get("requests", {})
         assert "tolerations" not in pod_spec(objects)
 
-    instances = settings.tokenizer.instances
-    instances += settings.encoder.instances if settings.engine.kind != "tensorrt" else 0
-    instances += settings.postprocess.instances if settings.model.task == "classification" else 0
+    stubs = python_stubs(settings)  # what Triton starts: the chart counts the same from the embedded file
     (shm,) = [v for v in pod_spec(objects)["volumes"] if v["name"] == "shm"]
-    assert shm["emptyDir"]["sizeLimit"] == f"{max(256, 64 * instances)}Mi"
+    assert shm["emptyDir"]["sizeLimit"] == f"{max(256, 64 * stubs)}Mi"
     assert SHM_DEFAULT_BYTES < 64 << 20  # room beyond the launcher's pool per instance
 
     assert container["image"].endswith("-torch") == (settings.engine.kind == "torch")
@@ -99,19 +98,30 @@ def test_ports_from_the_settings_reach_every_port(chart, tmp_path):
     assert "http://bert-bert-triton:9100" in test_pod["spec"]["containers"][0]["command"]
 
 
-@pytest.mark.parametrize("config", CONFIGS)
-def test_grace_period_outlasts_the_drain_and_tritons_exit(chart, config):
-    """From SIGTERM to SIGKILL the launcher drains for up to server.exit_timeout_s, then tritonserver has as long
-    again to finish (docs/reliability.md, Faults): the pod's grace period must hold both, for the settings it embeds."""
-    objects = render(chart, overlay(config))
-    (embedded,) = [c["data"]["settings.toml"] for c in objects["ConfigMap"] if "settings.toml" in c.get("data", {})]
-    exit_timeout_s = tomllib.loads(embedded)["server"]["exit_timeout_s"]
-    assert pod_spec(objects)["terminationGracePeriodSeconds"] > 2 * exit_timeout_s
+@pytest.mark.parametrize("config", [*CONFIGS, "gpu+reranker"])
+def test_grace_period_and_tritons_exit_timeout_are_the_launchers(chart, config, tmp_path):
+    """From SIGTERM to SIGKILL the launcher drains for up to server.exit_timeout_s, then tritonserver has its exit
+    timeout (Deployment.triton_exit_timeout_s: as long again, plus server.unload_s_per_stub for each Python stub,
+    which Triton unloads one by one): the chart derives the same from the settings files it embeds."""
+    values = overlay(config) if "+" not in config else {**overlay("gpu"), **overlay("reranker")}
+    objects = render(chart, values)
+    (data,) = [c["data"] for c in objects["ConfigMap"] if "settings.toml" in c.get("data", {})]
+    files = []
+    for key in ["settings.toml", *sorted(k for k in data if re.fullmatch(r"model-\d+\.toml", k))]:
+        files.append(tmp_path / key)
+        files[-1].write_text(data[key])
+    deployment = load_deployment(files)
+    assert len(deployment.models) == 1 + len(values.get("extraModels", []))
+    triton_exit_s = deployment.triton_exit_timeout_s
+    assert pod_spec(objects)["terminationGracePeriodSeconds"] == deployment.server.exit_timeout_s + triton_exit_s + 10
+    args = server_container(objects).get("args", [])
+    if values.get("modelRepository", {}).get("source") == "objectStore":  # tritonserver without the launcher
+        assert f"--exit-timeout-secs={triton_exit_s}" in args
 
 
 def test_extra_models_are_served_beside_the_first(chart):
     """helm/values/reranker.yaml: the reranker's settings file beside the embedder's, one launcher for both; the
-    probe checks each model, /dev/shm holds both models' instances, the pod asks for the GPU they share."""
+    probe checks each model, /dev/shm holds both models' stubs, the pod asks for the GPU they share."""
     embedder = load_settings(ROOT / "settings" / "variants" / "bert-base-h200.toml")
     reranker = load_settings(ROOT / "settings" / "variants" / "reranker-bert-base-h200.toml")
     objects = render(chart, {**overlay("gpu"), **overlay("reranker")})
@@ -126,9 +136,9 @@ def test_extra_models_are_served_beside_the_first(chart):
         embedder.model.name,
         reranker.model.name,
     ]
-    instances = sum(model.tokenizer.instances + model.encoder.instances for model in (embedder, reranker))
+    stubs = sum(python_stubs(model) for model in (embedder, reranker))
     (shm,) = [v for v in pod_spec(objects)["volumes"] if v["name"] == "shm"]
-    assert shm["emptyDir"]["sizeLimit"] == f"{64 * instances}Mi"
+    assert shm["emptyDir"]["sizeLimit"] == f"{64 * stubs}Mi"
     assert server_container(objects)["resources"]["limits"][GPU] == 1  # both on GPU 0
 
 

@@ -9,6 +9,7 @@ import pytest
 
 import settings.schema as settings_module
 from settings import ROOT, Settings, SettingsError, load_deployment, load_settings
+from settings.deployment import python_stubs
 
 
 @pytest.mark.parametrize(
@@ -160,3 +161,27 @@ def test_several_models_are_served_under_their_names_and_one_as_ensemble(tmp_pat
     files[1].write_text('[model]\nsource = "random-init:bert-tiny"\nname = "two words"\n')
     with pytest.raises(SettingsError, match="'two words' cannot name a served model"):
         load_deployment(files[:2])
+
+
+@pytest.mark.parametrize(
+    ("variant", "stubs"),
+    [
+        ("defaults.toml", 1),  # one stage on the CPU: the ensemble's one instance
+        ("variants/bert-base-h200.toml", 8),  # one stage, 8 instances on GPU 0
+        ("variants/bert-base-h200-two-stage.toml", 8 + 4),  # tokenizer 8, encoder 4 on GPU 0
+        ("variants/bert-base-h200x2.toml", 4 * 2),  # one stage: [encoder]'s 4 on each of two GPUs
+        ("variants/tensorrt-h200.toml", 8),  # TensorRT serves the encoder: only the tokenizer is Python
+    ],
+)
+def test_tritons_exit_timeout_allows_for_unloading_every_stub(variant, stubs):
+    """Triton 2.51 unloads the Python stubs one after another (1.5 s each measured on an H200): its exit timeout
+    is the drain's bound again plus server.unload_s_per_stub for each stub."""
+    deployment = load_deployment([ROOT / "settings" / variant])
+    assert python_stubs(deployment.first) == stubs
+    assert deployment.triton_exit_timeout_s == 10 + 2 * stubs
+
+
+def test_a_classifier_in_two_stages_unloads_its_postprocess_stubs_too():
+    two_stage = load_settings(overrides=['ensemble.topology="two_stage"', 'model.task="classification"'])
+    assert python_stubs(two_stage) == 3
+    assert load_deployment([], ["server.unload_s_per_stub=0.5"]).triton_exit_timeout_s == 10 + 1

@@ -56,9 +56,9 @@ write it (read over settings/defaults.toml): the chart has no defaults of its ow
 {{- if hasKey $raw "Error" }}
 {{- fail (printf "%s is not valid TOML: %s" $where $raw.Error) }}
 {{- end }}
-{{- $read := dict "model" (list "task" "name") "engine" (list "kind") "tokenizer" (list "instances") "encoder" (list "instances" "gpus") "postprocess" (list "instances") }}
+{{- $read := dict "model" (list "task" "name") "engine" (list "kind") "ensemble" (list "topology") "tokenizer" (list "instances") "encoder" (list "instances" "gpus") "postprocess" (list "instances") }}
 {{- if $first }}
-{{- $_ := set $read "server" (list "http_port" "grpc_port" "metrics_port" "health_port" "exit_timeout_s") }}
+{{- $_ := set $read "server" (list "http_port" "grpc_port" "metrics_port" "health_port" "exit_timeout_s" "unload_s_per_stub") }}
 {{- $_ := set $read "api" (list "port" "workers") }}
 {{- else }}
 {{- range $section := list "server" "front" "api" }}
@@ -82,14 +82,25 @@ write it (read over settings/defaults.toml): the chart has no defaults of its ow
 {{- if has $kind (list "torch" "tensorrt") }}
 {{- $gpus = $raw.encoder.gpus }}
 {{- end }}
-{{- $instances := int $raw.tokenizer.instances }}
+{{/* Python stubs as settings/deployment.py python_stubs counts them: Triton runs an instance group's count on each
+GPU it lists; one stage is [encoder]'s, two stages [tokenizer]'s, [encoder]'s (unless TensorRT serves it) and a
+classifier's [postprocess]. */}}
+{{- $topology := $raw.ensemble.topology }}
+{{- if eq $topology "auto" }}
+{{- $topology = ternary "two_stage" "one_stage" (eq $kind "tensorrt") }}
+{{- end }}
+{{- $encoder := mul (int $raw.encoder.instances) (max 1 (len $raw.encoder.gpus)) }}
+{{- $stubs := $encoder }}
+{{- if eq $topology "two_stage" }}
+{{- $stubs = int $raw.tokenizer.instances }}
 {{- if ne $kind "tensorrt" }}
-{{- $instances = add $instances (int $raw.encoder.instances) }}
+{{- $stubs = add $stubs $encoder }}
 {{- end }}
 {{- if eq $raw.model.task "classification" }}
-{{- $instances = add $instances (int $raw.postprocess.instances) }}
+{{- $stubs = add $stubs (int $raw.postprocess.instances) }}
 {{- end }}
-{{- dict "raw" $raw "engineKind" $kind "gpuIds" $gpus "pythonInstances" $instances | toJson }}
+{{- end }}
+{{- dict "raw" $raw "engineKind" $kind "gpuIds" $gpus "pythonStubs" $stubs | toJson }}
 {{- end }}
 
 {{/*
@@ -103,7 +114,7 @@ instances. Returned as JSON: use `fromJson (include "bert-triton.settings" .)`.
 {{- $raw := $first.raw }}
 {{- $server := $raw.server }}
 {{- $gpus := $first.gpuIds }}
-{{- $instances := int $first.pythonInstances }}
+{{- $stubs := int $first.pythonStubs }}
 {{- $kinds := list $first.engineKind }}
 {{- $names := list $raw.model.name }}
 {{- range $index, $extra := .Values.extraModels }}
@@ -116,9 +127,11 @@ instances. Returned as JSON: use `fromJson (include "bert-triton.settings" .)`.
 {{- end }}
 {{- $names = append $names $shape.raw.model.name }}
 {{- $gpus = concat $gpus $shape.gpuIds }}
-{{- $instances = add $instances (int $shape.pythonInstances) }}
+{{- $stubs = add $stubs (int $shape.pythonStubs) }}
 {{- $kinds = append $kinds $shape.engineKind }}
 {{- end }}
+{{/* Deployment.triton_exit_timeout_s: the drain's bound again, plus unload_s_per_stub for each stub. */}}
+{{- $tritonExit := add (int $server.exit_timeout_s) (int (ceil (mulf $server.unload_s_per_stub $stubs))) }}
 {{- dict
     "engineKind" $first.engineKind
     "torchImage" (has "torch" $kinds)
@@ -126,11 +139,13 @@ instances. Returned as JSON: use `fromJson (include "bert-triton.settings" .)`.
     "models" $names
     "served" (ternary $names (list "ensemble") (gt (len $names) 1))
     "gpus" (len (uniq $gpus))
-    "pythonInstances" $instances
+    "pythonStubs" $stubs
     "httpPort" (int $server.http_port)
     "grpcPort" (int $server.grpc_port)
     "metricsPort" (int $server.metrics_port)
     "exitTimeoutS" (int $server.exit_timeout_s)
+    "tritonExitTimeoutS" $tritonExit
+    "gracePeriodS" (ternary (int .Values.terminationGracePeriodSeconds) (add (int $server.exit_timeout_s) $tritonExit 10) (gt (int .Values.terminationGracePeriodSeconds) 0))
     "healthPort" (int $server.health_port)
     "apiPort" (int $raw.api.port)
     "apiWorkers" (int $raw.api.workers)
@@ -203,8 +218,8 @@ Checks across values that the schema cannot express.
 {{- if and .Values.autoscaling.enabled .Values.autoscaling.gpu.targetAverageUtilization (eq (int $s.gpus) 0) }}
 {{- fail (printf "autoscaling.gpu.targetAverageUtilization needs GPUs: engine.kind %q in settings.toml uses none" $s.engineKind) }}
 {{- end }}
-{{- if le (int .Values.terminationGracePeriodSeconds) (mul 2 $s.exitTimeoutS) }}
-{{- fail (printf "terminationGracePeriodSeconds (%d) must exceed 2 x server.exit_timeout_s (%d): the launcher serves until quiet for up to exit_timeout_s, then Triton has as long again to exit" (int .Values.terminationGracePeriodSeconds) (mul 2 $s.exitTimeoutS)) }}
+{{- if le (int $s.gracePeriodS) (add $s.exitTimeoutS $s.tritonExitTimeoutS) }}
+{{- fail (printf "terminationGracePeriodSeconds (%d) must exceed %d s: the launcher serves until quiet for up to server.exit_timeout_s (%d), then Triton has its exit timeout (%d: as long again, plus server.unload_s_per_stub for each of %d Python stubs); 0 sizes it so" (int $s.gracePeriodS) (add $s.exitTimeoutS $s.tritonExitTimeoutS) $s.exitTimeoutS $s.tritonExitTimeoutS (int $s.pythonStubs)) }}
 {{- end }}
 {{- if .Values.apiFront.enabled }}
 {{- if eq .Values.modelRepository.source "objectStore" }}
@@ -238,7 +253,7 @@ the bundle on the claim.
 {{- .Values.shm.sizeLimit }}
 {{- else }}
 {{- $s := fromJson (include "bert-triton.settings" .) }}
-{{- printf "%dMi" (max (int .Values.shm.minimumMiB) (mul (int $s.pythonInstances) (int .Values.shm.perInstanceMiB))) }}
+{{- printf "%dMi" (max (int .Values.shm.minimumMiB) (mul (int $s.pythonStubs) (int .Values.shm.perInstanceMiB))) }}
 {{- end }}
 {{- end }}
 
