@@ -17,3 +17,15 @@ export_model() {
   }
   tail -2 "$EXPORT_LOG"
 }
+
+# `wait_ready URL PID LOG [SECONDS]`: wait until URL answers (200); fail, with LOG's tail, when process PID ends
+# first or after SECONDS (300).
+wait_ready() {
+  local url=$1 pid=$2 log=$3 limit=${4:-300} polls=0
+  until python3 -c 'import sys, urllib.request as u; u.urlopen(sys.argv[1], timeout=2)' "$url" 2>/dev/null; do
+    kill -0 "$pid" 2>/dev/null || { tail -40 "$log"; return 1; }
+    [ "$polls" -lt $((limit * 2)) ] || { echo "not ready after $limit s: $url"; tail -40 "$log"; return 1; }
+    sleep 0.5
+    polls=$((polls + 1))
+  done
+}

@@ -184,6 +184,15 @@ def sweep(settings: Settings, args, work: Path, texts: list[str]) -> dict:
     }
 
 
+def bench_workspace(args, prefix: str) -> tuple[Path, list[str]]:
+    """What a perf_analyzer benchmark needs before it starts: perf_analyzer found, --out made, a scratch folder,
+    the first --texts corpus texts."""
+    if shutil.which(args.perf_analyzer) is None:
+        raise SystemExit(f"perf_analyzer not found ({args.perf_analyzer}); pass --perf-analyzer or PERF_ANALYZER")
+    args.out.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix)), load_text()[: args.texts]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.e2e_bench", description=__doc__)
     parser.add_argument("--settings", action="append", help="settings file; repeat to compare (default: the default)")
@@ -204,11 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", help="gRPC HOST:PORT of a running server on this host (default: start one)")
     parser.add_argument("--model", default="ensemble", help="the served model (with --url on a several-model server)")
     args = parser.parse_args(argv)
-    if shutil.which(args.perf_analyzer) is None:
-        raise SystemExit(f"perf_analyzer not found ({args.perf_analyzer}); pass --perf-analyzer or PERF_ANALYZER")
-    args.out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="e2e_bench_"))
-    texts = load_text()[: args.texts]
+    work, texts = bench_workspace(args, "e2e_bench_")
     results = []
     for index, path in enumerate(args.settings or [None]):
         results.append(sweep(load_settings(path, args.set), args, work / f"server{index}", texts))

@@ -21,13 +21,7 @@ python3 -m model_repository.generate --settings "$SETTINGS"
 python3 -m serving.launcher --settings "$SETTINGS" > "$OUT/server.out" 2>&1 &
 SERVER_PID=$!
 trap 'kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true' EXIT
-ready() { python3 -c 'import urllib.request as u; u.urlopen("http://127.0.0.1:8000/v2/models/ensemble/ready", timeout=2)' 2>/dev/null; }
-for _ in $(seq 240); do
-  ready && break
-  kill -0 "$SERVER_PID" 2>/dev/null || { tail -40 "$OUT/server.out"; exit 1; }
-  sleep 0.5
-done
-ready || { echo "server not ready after 120 s"; tail -40 "$OUT/server.out"; exit 1; }
+wait_ready http://127.0.0.1:8000/v2/models/ensemble/ready "$SERVER_PID" "$OUT/server.out" 120
 
 python3 -m bench.e2e_bench --settings "$SETTINGS" --url 127.0.0.1:8001 --perf-analyzer "$PERF_ANALYZER" \
   --gpu-name "$GPU_NAME" --shapes "1x$USERS" --out "$OUT" 2>&1 | tee "$OUT/e2e_bench.log"

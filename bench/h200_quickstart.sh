@@ -45,13 +45,7 @@ python3 -m model_repository.generate --settings "$SETTINGS"
 started=$(date +%s.%N)
 python3 -m serving.launcher --settings "$SETTINGS" > "$OUT/launcher.log" 2>&1 &
 LAUNCHER=$!
-ready() { python3 -c 'import urllib.request as u; u.urlopen("http://127.0.0.1:8003/ready", timeout=2)' 2>/dev/null; }
-for _ in $(seq 600); do
-  ready && break
-  kill -0 "$LAUNCHER" 2>/dev/null || { tail -40 "$OUT/launcher.log"; exit 1; }
-  sleep 0.5
-done
-ready || { echo "launcher not ready after 300 s"; tail -40 "$OUT/launcher.log"; exit 1; }
+wait_ready http://127.0.0.1:8003/ready "$LAUNCHER" "$OUT/launcher.log"
 echo "ready $(python3 -c "import time; print(round(time.time() - $started, 1))") s after the launcher started"
 
 python3 -m client embed "Triton batches requests dynamically." "Second text" > "$OUT/client.json"

@@ -25,10 +25,7 @@ for instances in $STOP_INSTANCES; do
   log="$OUT/stop-$instances${LOG_SUFFIX:-}.log"
   python3 -m serving.launcher --settings "$settings" > "$log" 2>&1 &
   launcher=$!
-  for _ in $(seq 600); do
-    python3 -c 'import urllib.request as u; u.urlopen("http://127.0.0.1:8003/ready", timeout=2)' 2>/dev/null && break
-    sleep 0.5
-  done
+  wait_ready http://127.0.0.1:8003/ready "$launcher" "$log"
   python3 -m bench.e2e_bench --settings "$settings" --url 127.0.0.1:8001 --perf-analyzer "$PERF_ANALYZER" \
     --shapes 1x64 --interval-ms 2000 --out "/tmp/stop-$instances" > /dev/null 2>&1 || echo "load failed"
   signalled=$(date +%s.%N)

@@ -14,18 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 import threading
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
-from bench.e2e_bench import RERANK_QUERY, parse_shapes, perf_analyzer_input, run_perf_analyzer
+from bench.e2e_bench import RERANK_QUERY, bench_workspace, parse_shapes, perf_analyzer_input, run_perf_analyzer
 from bench.engine_workload import time_calls
-from loadtest.corpus import load_text
 from model_repository.generate import generate
 from serving.launcher.harness import local_server
 from settings import Deployment, Settings, load_deployment
@@ -89,11 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [parse_shapes(shape)[0] for shape in args.shape]
     if len(shapes) != len(deployment.models):
         raise SystemExit(f"{len(deployment.models)} settings files need as many --shape, not {len(shapes)}")
-    if shutil.which(args.perf_analyzer) is None:
-        raise SystemExit(f"perf_analyzer not found ({args.perf_analyzer}); pass --perf-analyzer or PERF_ANALYZER")
-    args.out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="several_models_"))
-    texts = load_text()[: args.texts]
+    work, texts = bench_workspace(args, "several_models_")
     data = []
     for index, settings in enumerate(deployment.models):
         data.append(work / f"input{index}.json")

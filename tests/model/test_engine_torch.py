@@ -328,18 +328,23 @@ np.save(sys.argv[2], np.stack(rows))
 """
 
 
+def _interpreted(script: str, model_dir: Path, tmp_path: Path) -> np.ndarray:
+    """What `script` saves (the Triton kernels' rows, then the torch ops') when run on model_dir in a process of
+    its own under Triton's interpreter (TRITON_INTERPRET is read when triton is imported)."""
+    out = tmp_path / "rows.npy"
+    run = subprocess.run(
+        [sys.executable, "-c", script, str(model_dir), str(out)],
+        cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    return np.load(out)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs OpenAI Triton (the dev extras pin it)")
 def test_triton_kernels_match_torch_ops_under_the_interpreter(minilm_dir, tmp_path):
     """The GPU path's OpenAI Triton kernels (embedding + LayerNorm, residual + LayerNorm, GELU, varlen attention,
     pooling) run on the CPU in Triton's interpreter, against the torch ops on the same packed batch."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    out = tmp_path / "rows.npy"
-    run = subprocess.run(
-        [sys.executable, "-c", INTERPRETED_KERNELS, str(minilm_dir), str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
-    triton_rows, torch_rows = np.load(out)
+    triton_rows, torch_rows = _interpreted(INTERPRETED_KERNELS, minilm_dir, tmp_path)
     np.testing.assert_allclose(triton_rows, torch_rows, atol=2e-6, rtol=0)
     assert np.abs(triton_rows - torch_rows).max() > 0, "the two paths ran different code"
 
@@ -367,14 +372,7 @@ def test_the_embedding_kernel_reads_a_pairs_token_types_under_the_interpreter(tm
     model = transformers.BertForSequenceClassification(transformers.BertConfig(num_labels=1, **small)).eval()
     model.save_pretrained(str(tmp_path), safe_serialization=True)
     _spec("cls", False, 64, "rerank", 1).save(tmp_path)
-    out = tmp_path / "rows.npy"
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run(
-        [sys.executable, "-c", INTERPRETED_PAIRS, str(tmp_path), str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
-    triton_rows, torch_rows = np.load(out)
+    triton_rows, torch_rows = _interpreted(INTERPRETED_PAIRS, tmp_path, tmp_path)
     np.testing.assert_allclose(triton_rows, torch_rows, atol=2e-6, rtol=0)
 
 
