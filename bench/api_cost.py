@@ -1,12 +1,15 @@
 """python -m bench.api_cost: the API front (POST /v1/embeddings) against direct gRPC at the same concurrency.
 
-Starts the real launcher (tritonserver, its fronts and the API front's api.workers processes) on free ports
-and drives it with closed loops of `--concurrency` clients spread over `--processes` load-generator
-processes, one text of loadtest/corpus.txt per request: `grpc` sends pre-serialized KServe ModelInfer
-requests straight to tritonserver (grpc.aio), `api-base64` and `api-float` send OpenAI embedding requests to
-the API front (aiohttp; base64 is what the OpenAI SDKs ask for by default). Rounds alternate the routes so
-that all see the same machine state. Per route: requests/s, p50 and p99 latency, and CPU microseconds per
-request of tritonserver, the stubs, the API workers and the load generators (/proc). Writes api_cost.json.
+Starts the real launcher (tritonserver, its fronts and the API front's api.workers processes) on free ports,
+and beside it a second API front on the same tritonserver with api.coalesce_calls = 0 (every request a Triton
+call of its own), and drives them with closed loops of `--concurrency` clients spread over `--processes`
+load-generator processes, one text of loadtest/corpus.txt per request: `grpc` sends pre-serialized KServe
+ModelInfer requests straight to tritonserver (grpc.aio), `api-base64` and `api-float` send OpenAI embedding
+requests to the API front (aiohttp; base64 is what the OpenAI SDKs ask for by default), `api-base64-alone`
+the same as api-base64 to the front that does not coalesce. Rounds alternate the routes so that all see the
+same machine state. Per route: requests/s, p50 and p99 latency, texts per Triton request (Triton's own
+counters), and CPU microseconds per request of tritonserver, the stubs, each front's workers and the load
+generators (/proc). Writes api_cost.json; `python -m bench.plot` draws it.
 """
 
 from __future__ import annotations
@@ -27,13 +30,16 @@ from pathlib import Path
 from bench.process_cpu import per_request, snapshot
 from bench.record import header, write
 from loadtest.corpus import load_text
+from loadtest.triton_stats import scrape_metrics
 from protocol.kserve_grpc import GRPC_CHANNEL_ARGS, MODEL_INFER, model_infer_request
+from serving.api.app import command
 from serving.launcher.harness import Launcher
 from serving.launcher.procfs import child_processes
-from serving.launcher.triton_command import Ports
+from serving.launcher.triton_command import Ports, free_ports
+from serving.workers import FrontWorkers
 from settings import load_settings
 
-ROUTES = ("grpc", "api-base64", "api-float")
+ROUTES = ("grpc", "api-base64", "api-float", "api-base64-alone")
 
 
 async def _grpc_loop(target: str, texts: list[str], clients: int, deadline: float) -> list[float]:
@@ -87,7 +93,7 @@ def load_process(job: tuple) -> tuple[list[float], float]:
     if route == "grpc":
         latencies = asyncio.run(_grpc_loop(address, texts, clients, deadline))
     else:
-        encoding = route.removeprefix("api-")
+        encoding = route.removeprefix("api-").removesuffix("-alone")
         latencies = asyncio.run(_api_loop(address, model, encoding, texts, clients, deadline))
     return latencies, time.process_time() - cpu
 
@@ -100,7 +106,14 @@ class Target:
     texts: list[str]
     processes: int
     server_pid: int
-    api_pids: list[int]
+    api_pids: dict[str, list[int]]  # each front's workers
+    metrics_url: str  # Triton's counters (the launcher's metrics port)
+
+
+def triton_requests(metrics_url: str) -> tuple[float, float]:
+    """(texts, requests) the ensemble has answered so far, by Triton's own counters."""
+    counters = scrape_metrics(metrics_url).get("ensemble", {})
+    return counters.get("nv_inference_count", 0.0), counters.get("nv_inference_request_success", 0.0)
 
 
 def run_route(pool, target: Target, route: str, address: str, concurrency: int, duration_s: float) -> dict:
@@ -111,19 +124,21 @@ def run_route(pool, target: Target, route: str, address: str, concurrency: int, 
         for i, clients in enumerate(shares)
         if clients
     ]
-    others = {"api workers": target.api_pids}
-    before = snapshot(target.server_pid, others)
+    others = target.api_pids
+    before, texts_before = snapshot(target.server_pid, others), triton_requests(target.metrics_url)
     started = time.perf_counter()
     results = pool.map(load_process, jobs)
     seconds = time.perf_counter() - started
+    (texts, calls), after = triton_requests(target.metrics_url), snapshot(target.server_pid, others)
     latencies = sorted(latency for part, _ in results for latency in part)
-    cost = per_request(before, snapshot(target.server_pid, others), len(latencies))
+    cost = per_request(before, after, len(latencies))
     cost["cpu_us_per_request"]["load generators"] = round(sum(cpu for _, cpu in results) / len(latencies) * 1e6, 1)
     return {
         "requests": len(latencies),
         "rps": round(len(latencies) / seconds, 1),
         "p50_ms": round(1000 * statistics.median(latencies), 3),
         "p99_ms": round(1000 * latencies[int(0.99 * (len(latencies) - 1))], 3),
+        "texts_per_triton_request": round((texts - texts_before[0]) / max(calls - texts_before[1], 1.0), 2),
         **cost,
     }
 
@@ -155,17 +170,32 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     ports = Ports.free()
     launcher = Launcher(settings.path, settings.repository_dir, ports, args.out / "api_cost_launcher.log").start()
+    (alone_port,) = free_ports(1)
+    local = (
+        f"127.0.0.1:{ports.grpc}",
+        f"http://127.0.0.1:{ports.health}/ready",
+        f"http://127.0.0.1:{ports.metrics}/metrics",
+    )
+    arguments = command([settings.path], settings.repository_dir, "127.0.0.1", alone_port, *local)
+    alone = FrontWorkers(
+        "API front (coalesce_calls = 0)", [*arguments, "--set", "api.coalesce_calls=0"], settings.api.workers,
+        "127.0.0.1", alone_port,
+    ).start(timeout_s=60)  # fmt: skip
     addresses = {
         "grpc": f"127.0.0.1:{ports.grpc}",
         "api-base64": f"http://127.0.0.1:{ports.api}/v1/embeddings",
         "api-float": f"http://127.0.0.1:{ports.api}/v1/embeddings",
+        "api-base64-alone": f"http://127.0.0.1:{alone_port}/v1/embeddings",
     }
     results: dict = {}
     try:
         children = child_processes(launcher.process.pid)
         (server_pid,) = [pid for pid, _, argv_ in children if argv_[0].endswith(b"tritonserver")]
-        api_pids = [pid for pid, _, argv_ in children if b"serving.api" in argv_]
-        target = Target(settings.model.name, texts, args.processes, server_pid, api_pids)
+        api_pids = {
+            "api workers": [pid for pid, _, argv_ in children if b"serving.api" in argv_],
+            "api workers (alone)": [process.pid for process in alone.processes],
+        }
+        target = Target(settings.model.name, texts, args.processes, server_pid, api_pids, local[2])
         with multiprocessing.get_context("spawn").Pool(args.processes) as pool:
             for concurrency in args.concurrency:
                 for route in args.routes:  # warm-up
@@ -173,8 +203,10 @@ def main(argv: list[str] | None = None) -> int:
                 runs: dict[str, list[dict]] = {route: [] for route in args.routes}
                 for index in range(args.rounds):
                     for route in args.routes:
-                        if args.profile and index == 0 and route.startswith("api") and api_pids:
-                            profile_worker(api_pids[0], args.duration_s, args.out / f"py-spy-api-c{concurrency}.txt")
+                        if args.profile and index == 0 and route == "api-base64":
+                            profile_worker(
+                                api_pids["api workers"][0], args.duration_s, args.out / f"py-spy-api-c{concurrency}.txt"
+                            )
                         runs[route].append(
                             run_route(pool, target, route, addresses[route], concurrency, args.duration_s)
                         )
@@ -184,15 +216,19 @@ def main(argv: list[str] | None = None) -> int:
                     if "grpc" in medians
                     else {}
                 )
+                if {"api-base64", "api-base64-alone"} <= set(medians):
+                    ratios["coalesced_vs_alone"] = round(medians["api-base64"] / medians["api-base64-alone"], 3)
                 results[f"c={concurrency}"] = {"runs": runs, "median_rps": medians, "vs_grpc": ratios}
                 print(f"c={concurrency}", medians, ratios, flush=True)
     finally:
+        alone.stop()
         launcher.terminate()
         launcher.process.wait(timeout=60)
     record = {
         **header("api_cost", argv),
         "settings": str(settings.path),
         "api_workers": settings.api.workers,
+        "coalesce": {"calls": settings.api.coalesce_calls, "window_ms": settings.api.coalesce_window_ms},
         "note": "load generators, API front and tritonserver share the machine; rounds alternate the routes",
         "results": results,
     }

@@ -3,7 +3,8 @@
 e2e_bench.json -> per server (settings file): latency vs throughput over the one-text shapes, and the CPU
 microseconds per request of each process kind; engine_bench.json -> sequences/s vs batch size, engine vs
 baseline; cpu_throughput JSON -> texts/s of each load shape against sentence-transformers; front_cost.json
--> requests/s through the HTTP front and to tritonserver directly. Other JSON (reliability) is named and skipped.
+-> requests/s through the HTTP front and to tritonserver directly; api_cost.json -> requests/s, texts per
+Triton request and CPU per request of every route at each concurrency. Other JSON (reliability) is named and skipped.
 """
 
 from __future__ import annotations
@@ -102,7 +103,38 @@ def plot_front_cost(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def plot_api_cost(result: dict, path: Path) -> None:
+    """Per concurrency and route: requests/s, texts per Triton request, and CPU per request by process kind."""
+    levels = list(result["results"])
+    routes = list(result["results"][levels[0]]["median_rps"])
+    width = 0.8 / len(routes)
+    fig, axes = plt.subplots(1, 3, figsize=(17, 5))
+    for number, route in enumerate(routes):
+        runs = [result["results"][level]["runs"][route] for level in levels]
+        x = [i + (number - (len(routes) - 1) / 2) * width for i in range(len(levels))]
+        axes[0].bar(x, [result["results"][level]["median_rps"][route] for level in levels], width, label=route)
+        axes[1].bar(x, [statistics.median(r["texts_per_triton_request"] for r in run) for run in runs], width)
+        cpu = [{k: statistics.median(r["cpu_us_per_request"][k] for r in run) for k in run[0]["cpu_us_per_request"]}
+               for run in runs]  # fmt: skip
+        bottom = [0.0] * len(levels)
+        for kind in [k for k in cpu[0] if k != "host"]:
+            values = [c[kind] for c in cpu]
+            axes[2].bar(x, values, width, bottom=bottom, label=kind if number == 0 else None)
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    for ax, label in zip(axes, ("requests/s (median of rounds)", "texts per Triton request", "CPU us per request"),
+                         strict=True):  # fmt: skip
+        ax.set_xticks(range(len(levels)), levels)
+        ax.set(ylabel=label)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].legend(fontsize=8)
+    axes[2].legend(fontsize=7)
+    fig.suptitle(f"{result['machine']} · {result['date'][:10]} · {result['command']}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 PLOTS = {
+    "api_cost": plot_api_cost,
     "e2e_bench": plot_e2e,
     "cpu_throughput": plot_cpu_throughput,
     "engine_bench": plot_engine,

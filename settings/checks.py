@@ -77,6 +77,8 @@ def check(settings: Settings) -> None:
         raise SettingsError(
             "api needs port >= 0, workers >= 1, max_inputs, max_concurrent_requests, grpc_channels >= 1"
         )
+    if api.coalesce_calls < 0 or not 0 <= api.coalesce_window_ms <= 100:
+        raise SettingsError("api needs coalesce_calls >= 0 and coalesce_window_ms in 0..100")
     if api.max_body_bytes < 1 or api.timeout_s <= 0:
         raise SettingsError("api needs max_body_bytes >= 1 and timeout_s > 0")
     _check_loadtest(settings.loadtest, settings.ensemble.max_batch_size)

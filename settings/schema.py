@@ -125,6 +125,8 @@ class ApiSettings:
     max_concurrent_requests: int
     grpc_channels: int
     timeout_s: float
+    coalesce_calls: int
+    coalesce_window_ms: float
 
 
 @dataclasses.dataclass(frozen=True)

@@ -54,12 +54,17 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    """The server's metrics port, then this front's texts and requests per Triton call (call_stats.py)."""
     api = api_of(request)
     try:
         async with api.session.get(api.metrics_url) as response:
-            return web.Response(body=await response.read(), status=response.status, content_type="text/plain")
+            server, status = await response.read(), response.status
     except (aiohttp.ClientError, asyncio.TimeoutError):
         raise ApiError(503, f"the metrics port {api.metrics_url} did not answer", code="not_ready") from None
+    if status != 200:
+        return web.Response(body=server, status=status, content_type="text/plain")
+    separator = b"" if not server or server.endswith(b"\n") else b"\n"
+    return web.Response(body=server + separator + api.stats.prometheus().encode(), content_type="text/plain")
 
 
 @web.middleware
@@ -152,6 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     api = Api(
         deployment,
         Models.load(deployment, args.repository or deployment.repository_dir),
+        port,
         args.grpc or f"127.0.0.1:{server.grpc_port}",
         args.ready_url or f"http://127.0.0.1:{server.health_port}/ready",
         args.metrics_url or f"http://127.0.0.1:{server.metrics_port}/metrics",
@@ -163,5 +169,6 @@ def main(argv: list[str] | None = None) -> None:
         reuse_port=True,
         access_log=None,
         print=None,
+        handler_cancellation=True,  # a client gone away leaves the Coalescer's queue
         shutdown_timeout=5,
     )

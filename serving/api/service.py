@@ -1,5 +1,6 @@
-"""What every route of the API front shares in one worker: the served models, the gRPC link to Triton (and
-Triton's refusals worded for the caller), and reading and writing JSON."""
+"""What every route of the API front shares in one worker: the served models, the gRPC link to Triton with a
+Coalescer per model (and Triton's refusals worded for the caller), the call statistics, and reading and
+writing JSON."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import orjson
 from aiohttp import web
 
 from common.contract import TOKENS_OUTPUT
+from serving.api.call_stats import CallStats
+from serving.api.coalescer import Coalescer
 from serving.api.models import Models, ServedModel
 from serving.api.schema import ApiError
 from serving.api.triton_link import BadInput, NotReady, Overloaded, TimedOut, TritonError, TritonLink
@@ -24,29 +27,41 @@ API = web.AppKey("api", object)
 class Api:
     """What every route shares in one worker process."""
 
-    def __init__(self, deployment: Deployment, models: Models, grpc_target: str, ready_url: str, metrics_url: str):
-        self.deployment, self.models = deployment, models
+    def __init__(
+        self, deployment: Deployment, models: Models, port: int, grpc_target: str, ready_url: str, metrics_url: str
+    ):
+        self.deployment, self.models, self.port = deployment, models, port
         self.grpc_target, self.ready_url, self.metrics_url = grpc_target, ready_url, metrics_url
         self.api_key = os.environ.get(API_KEY_ENV) or None
         self.in_flight = 0
         self.created = int(time.time())
+        self.stats = CallStats(port, [model.triton for model in models.all])
         self.link: TritonLink | None = None
         self.session: aiohttp.ClientSession | None = None
+        self._coalescers: dict[tuple[str, tuple[str, ...]], Coalescer] = {}
 
     async def start(self, app: web.Application):
         settings = self.deployment.api
-        self.link = TritonLink(self.grpc_target, settings.grpc_channels, settings.timeout_s)
+        self.link = TritonLink(self.grpc_target, settings.grpc_channels, settings.timeout_s, self.stats)
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
         yield
         await self.link.close()
         await self.session.close()
 
+    def coalescer(self, model: ServedModel, outputs: tuple[str, ...]) -> Coalescer:
+        key = (model.triton, outputs)
+        if key not in self._coalescers:
+            settings = self.deployment.api
+            self._coalescers[key] = Coalescer(
+                self.link, model.triton, list(outputs), model.max_texts, model.max_bytes,
+                settings.coalesce_calls, settings.coalesce_window_ms / 1000,
+            )  # fmt: skip
+        return self._coalescers[key]
+
     async def infer(self, model: ServedModel, inputs: dict[str, list[bytes]], outputs: list[str]) -> dict:
         """The model's outputs and each row's token count, Triton's refusals worded for the caller."""
         try:
-            return await self.link.infer(
-                model.triton, inputs, [*outputs, TOKENS_OUTPUT], model.max_texts, model.max_bytes
-            )
+            return await self.coalescer(model, (*outputs, TOKENS_OUTPUT)).infer(inputs)
         except BadInput as exc:
             raise ApiError(400, f"tritonserver refused the texts: {exc}", "input") from None
         except Overloaded as exc:

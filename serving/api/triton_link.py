@@ -26,6 +26,7 @@ from protocol.kserve_grpc import (
     decode_response,
     tensors_infer_request,
 )
+from serving.api.call_stats import CallStats
 
 
 class TritonError(Exception):
@@ -77,8 +78,8 @@ def _error(exc: grpc.aio.AioRpcError) -> TritonError:
 class TritonLink:
     """gRPC to tritonserver at `target` (host:port) from one process, created inside its event loop."""
 
-    def __init__(self, target: str, channels: int, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
+    def __init__(self, target: str, channels: int, timeout_s: float, stats: CallStats | None = None) -> None:
+        self.timeout_s, self.stats = timeout_s, stats
         self._channels = [grpc.aio.insecure_channel(target, options=GRPC_CHANNEL_ARGS) for _ in range(channels)]
         self._calls = itertools.cycle(
             [
@@ -87,7 +88,11 @@ class TritonLink:
             ]
         )
 
-    async def _call(self, model: str, inputs: dict[str, Sequence[bytes]], outputs: Sequence[str]) -> dict:
+    async def _call(
+        self, model: str, inputs: dict[str, Sequence[bytes]], outputs: Sequence[str], requests: int = 1
+    ) -> dict:
+        if self.stats is not None:
+            self.stats.count(model, len(next(iter(inputs.values()))), requests)
         try:
             data = await next(self._calls)(tensors_infer_request(model, inputs, outputs), timeout=self.timeout_s)
         except grpc.aio.AioRpcError as exc:
@@ -101,13 +106,15 @@ class TritonLink:
         outputs: Sequence[str],
         max_texts: int,
         max_bytes: int,
+        requests: int = 1,
     ) -> dict[str, np.ndarray]:
         """The model's `outputs` for rows of BYTES inputs already UTF-8 (every input one row per text), one
-        output row per input row in order; split into requests of at most max_texts rows and max_bytes."""
+        output row per input row in order; split into requests of at most max_texts rows and max_bytes.
+        `requests`: how many API requests the rows are (the Coalescer's), for the call statistics."""
         rows = list(zip(*inputs.values(), strict=True))
         bounds = chunk_bounds([sum(map(len, row)) for row in rows], max_texts, max_bytes)
         if len(bounds) == 1:
-            return await self._call(model, inputs, outputs)
+            return await self._call(model, inputs, outputs, requests)
         parts = await asyncio.gather(
             *(self._call(model, {name: values[bound] for name, values in inputs.items()}, outputs) for bound in bounds)
         )

@@ -7,7 +7,6 @@ import asyncio
 import base64
 import dataclasses
 import socket
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -16,12 +15,10 @@ import pytest
 
 from client import TextClient
 from common.hf_tokenizer import load_tokenizer
-from serving.api.app import command
 from serving.api.service import API_KEY_ENV
 from serving.launcher.harness import local_server
 from serving.launcher.triton_command import free_ports
-from serving.workers import FrontWorkers
-from settings import DEFAULT_SETTINGS
+from tests.server.api_front_process import Front, urls
 
 SENTENCES = [
     "A man is playing a guitar.",
@@ -31,34 +28,6 @@ SENTENCES = [
     "深度学习模型需要大量的数据。",
     "The quick brown fox jumps over the lazy dog. " * 40,  # truncated to max_tokens
 ]
-
-
-class Front:
-    """One API front worker on a free port, in front of `server_urls` (gRPC, readiness, metrics), run as the
-    launcher runs its workers (FrontWorkers); it inherits this process's environment."""
-
-    def __init__(self, repository: Path, server_urls: tuple[str, str, str], *overrides: str):
-        (self.port,) = free_ports(1)
-        grpc_url, ready_url, metrics_url = server_urls
-        arguments = command([DEFAULT_SETTINGS], repository, "127.0.0.1", self.port, grpc_url, ready_url, metrics_url)
-        arguments += [item for override in overrides for item in ("--set", override)]
-        self.workers = FrontWorkers("API front", arguments, 1, "127.0.0.1", self.port).start(timeout_s=60)
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def post(self, path: str, body, **kwargs) -> httpx.Response:
-        return httpx.post(self.url + path, json=body, timeout=60, **kwargs)
-
-    def stop(self) -> None:
-        self.workers.stop()
-
-
-def urls(server) -> tuple[str, str, str]:
-    """gRPC, readiness and metrics of a test server (Triton's own readiness: no launcher runs here)."""
-    return (
-        server.grpc_url,
-        f"http://{server.http_url}/v2/health/ready",
-        f"http://127.0.0.1:{server.ports.metrics}/metrics",
-    )
 
 
 @pytest.fixture(scope="module")
@@ -278,7 +247,7 @@ def test_a_full_triton_queue_is_429(settings, exported, tmp_path_factory):
     )
     root = generate(tight, exported, tmp_path_factory.mktemp("api_overload") / "repo")
     server = local_server(tight, root, tmp_path_factory.mktemp("api_overload_server")).start()
-    front = Front(root, urls(server))
+    front = Front(root, urls(server), "api.coalesce_calls=0")  # every request its own call: Triton's queue fills
     try:
         statuses = asyncio.run(flood(front.url, settings.model.name, [" ".join(["overload"] * 200)] * 48))
         assert front.post("/v1/embeddings", {"input": "after the storm"}).status_code == 200

@@ -86,7 +86,8 @@ def test_faults_under_load_lose_nothing_and_recover(settings, exported, tmp_path
 @pytest.mark.parametrize("stop", ["terminate", "interrupt"])
 def test_sigterm_and_ctrl_c_drain_every_request_in_flight(launcher, stop):
     """Requests running when SIGTERM reaches the launcher, or Ctrl-C its terminal (SIGINT to its process group;
-    tritonserver, in a session of its own, does not see it), are answered; /ready turns 503 at once; exit 0."""
+    tritonserver, in a session of its own, does not see it), are answered; /ready turns 503 at once; exit 0.
+    Half go through the API front, whose requests share coalesced calls."""
     texts = [" ".join(["drain"] * 200)] * 32  # long texts: each request keeps the server busy a while
     sent, answered = threading.Semaphore(0), []  # answered: (outcome, when)
 
@@ -95,7 +96,17 @@ def test_sigterm_and_ctrl_c_drain_every_request_in_flight(launcher, stop):
             sent.release()
             answered.append(("ok" if c.embed(texts).shape == (32, 384) else "bad shape", time.monotonic()))
 
-    threads = [threading.Thread(target=send) for _ in range(8)]
+    def send_to_api() -> None:
+        body = json.dumps({"input": texts[:8]}).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{launcher.ports.api}/v1/embeddings", body, {"Content-Type": "application/json"}
+        )
+        sent.release()
+        with urllib.request.urlopen(request, timeout=60) as response:
+            rows = json.load(response)["data"]
+        answered.append(("ok" if len(rows) == 8 else "bad shape", time.monotonic()))
+
+    threads = [threading.Thread(target=target) for target in [send] * 4 + [send_to_api] * 4]
     for thread in threads:
         thread.start()
     for _ in threads:

@@ -1,0 +1,91 @@
+"""CallStats: how many texts and how many requests each of the API front's Triton calls carried, per model.
+
+Every worker of one front counts its own calls into a small file of counters (a memory map: an increment is a
+store, no system call) in a folder its siblings share, `bert-triton-api-<port>-<supervisor pid>` under the
+temporary directory. /metrics, answered by any one worker, sums every sibling's file, so a scrape sees the whole
+front whichever worker answers it, and a worker that died and was started again keeps its predecessor's counts
+(Prometheus counters do not go down while the front runs). Folders of fronts whose supervisor is gone are
+removed when a worker starts.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)  # then +Inf
+_WIDTH = len(BUCKETS) + 1  # counts per bucket, +Inf last
+_TEXTS, _TEXTS_SUM, _CALLS = 0, _WIDTH, _WIDTH + 1
+_REQUESTS, _REQUESTS_SUM = _WIDTH + 2, 2 * _WIDTH + 2
+_ROW = 2 * _WIDTH + 3
+FAMILIES = (
+    ("bert_api_call_texts", "Texts per Triton call of the API front (a coalesced call carries several requests)"),
+    ("bert_api_call_requests", "API requests per Triton call of the API front (1 without coalescing)"),
+)
+
+
+def _bucket(value: int) -> int:
+    return next((index for index, bound in enumerate(BUCKETS) if value <= bound), len(BUCKETS))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class CallStats:
+    """This worker's counters for `models` (Triton names, in order), beside its siblings' under `port`."""
+
+    def __init__(self, port: int, models: Sequence[str], root: Path | None = None) -> None:
+        root = Path(root or tempfile.gettempdir())
+        for folder in root.glob(f"bert-triton-api-{port}-*"):
+            supervisor = folder.name.rsplit("-", 1)[1]
+            if supervisor.isdigit() and int(supervisor) != os.getppid() and not _alive(int(supervisor)):
+                shutil.rmtree(folder, ignore_errors=True)
+        self.folder = root / f"bert-triton-api-{port}-{os.getppid()}"
+        self.folder.mkdir(exist_ok=True)
+        self.models = list(models)
+        self._rows = {name: index for index, name in enumerate(self.models)}
+        self._counts = np.memmap(self.folder / f"{os.getpid()}.u64", np.uint64, "w+", shape=(len(self.models), _ROW))
+
+    def count(self, model: str, texts: int, requests: int) -> None:
+        row = self._counts[self._rows[model]]
+        row[_TEXTS + _bucket(texts)] += 1
+        row[_TEXTS_SUM] += texts
+        row[_CALLS] += 1
+        row[_REQUESTS + _bucket(requests)] += 1
+        row[_REQUESTS_SUM] += requests
+
+    def totals(self) -> np.ndarray:
+        """Every sibling's counters summed (models x counters)."""
+        total = np.zeros((len(self.models), _ROW), np.uint64)
+        for path in self.folder.glob("*.u64"):
+            counts = np.fromfile(path, np.uint64)
+            if counts.size == total.size:  # a file being created is skipped for this scrape
+                total += counts.reshape(total.shape)
+        return total
+
+    def prometheus(self) -> str:
+        """The two histograms in Prometheus' text format, labelled by model."""
+        totals, lines = self.totals(), []
+        for (family, description), (start, total) in zip(
+            FAMILIES, ((_TEXTS, _TEXTS_SUM), (_REQUESTS, _REQUESTS_SUM)), strict=True
+        ):
+            lines += [f"# HELP {family} {description}", f"# TYPE {family} histogram"]
+            for model, row in zip(self.models, totals, strict=True):
+                cumulative = np.cumsum(row[start : start + _WIDTH])
+                for bound, count in zip([*map(str, BUCKETS), "+Inf"], cumulative, strict=True):
+                    lines.append(f'{family}_bucket{{model="{model}",le="{bound}"}} {count}')
+                lines.append(f'{family}_sum{{model="{model}"}} {row[total]}')
+                lines.append(f'{family}_count{{model="{model}"}} {row[_CALLS]}')
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,143 @@
+"""Coalescer: the texts of concurrent API requests to one model go to Triton as one call of many texts.
+
+Triton's cost is mostly per request (the gRPC call, the scheduler, the Python stage's execute()), not per text,
+so one call of 8 texts costs far less than 8 calls of one. Within one worker and one model:
+
+- a request that finds no call of its model in flight is sent at once: a lone caller (c=1) waits for nothing;
+- while fewer than api.coalesce_calls calls are in flight, a request waits at most api.coalesce_window_ms for
+  others to join it (at once when they fill ensemble.max_batch_size texts);
+- with api.coalesce_calls in flight, requests queue, and each call that ends sends what has queued since.
+
+A call carries at most ensemble.max_batch_size texts and tokenizer.max_request_bytes; a request that alone
+reaches either goes by itself (TritonLink splits it). Each request gets its own rows back, in order. The texts
+were checked before they queued (schema.py); if Triton still refuses a coalesced call, each of its requests is
+sent again alone, so a bad text fails its own request only. A request whose client went away (aiohttp cancels
+its handler) leaves the queue; once sent, its rows are computed and dropped. api.coalesce_calls = 0: every
+request is a call of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from serving.api.triton_link import BadInput, TritonLink
+
+
+@dataclass(eq=False)
+class _Request:
+    inputs: dict[str, list[bytes]]
+    rows: int
+    size: int
+    answer: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class Coalescer:
+    """One Triton model's calls (with these `outputs`) from one worker."""
+
+    def __init__(
+        self,
+        link: TritonLink,
+        model: str,
+        outputs: list[str],
+        max_texts: int,
+        max_bytes: int,
+        max_calls: int,
+        window_s: float,
+    ) -> None:
+        self.link, self.model, self.outputs = link, model, outputs
+        self.max_texts, self.max_bytes = max_texts, max_bytes
+        self.max_calls, self.window_s = max_calls, window_s
+        self._queue: deque[_Request] = deque()
+        self._queued_rows = 0
+        self._in_flight = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._calls: set[asyncio.Task] = set()  # referenced until done: the loop keeps weak references only
+
+    async def infer(self, inputs: dict[str, list[bytes]]) -> dict[str, np.ndarray]:
+        """The outputs for these rows (every input one row per text), as if they had been a call of their own."""
+        rows = len(next(iter(inputs.values())))
+        size = sum(len(value) for values in inputs.values() for value in values)
+        if self.max_calls == 0 or rows >= self.max_texts or size >= self.max_bytes:
+            return await self.link.infer(self.model, inputs, self.outputs, self.max_texts, self.max_bytes)
+        request = _Request(inputs, rows, size)
+        self._queue.append(request)
+        self._queued_rows += rows
+        self._dispatch()
+        try:
+            return await request.answer
+        except asyncio.CancelledError:  # the client went away: give up the place if it is still queued
+            if request in self._queue:
+                self._queue.remove(request)
+                self._queued_rows -= rows
+            raise
+
+    def _dispatch(self) -> None:
+        while self._queue and self._in_flight < self.max_calls:
+            if self._in_flight and self._queued_rows < self.max_texts and self.window_s > 0:
+                if self._timer is None:
+                    self._timer = asyncio.get_running_loop().call_later(self.window_s, self._window_closed)
+                return
+            self._send()
+
+    def _window_closed(self) -> None:
+        self._timer = None
+        while self._queue and self._in_flight < self.max_calls:
+            self._send()
+
+    def _send(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        batch, rows, size = [], 0, 0
+        while self._queue:
+            request = self._queue[0]
+            if batch and (rows + request.rows > self.max_texts or size + request.size > self.max_bytes):
+                break
+            batch.append(self._queue.popleft())
+            rows, size = rows + request.rows, size + request.size
+        self._queued_rows -= rows
+        self._in_flight += 1
+        task = asyncio.get_running_loop().create_task(self._call(batch))
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
+
+    async def _call(self, batch: list[_Request]) -> None:
+        try:
+            inputs = {name: [value for request in batch for value in request.inputs[name]] for name in batch[0].inputs}
+            try:
+                outputs = await self.link.infer(
+                    self.model, inputs, self.outputs, self.max_texts, self.max_bytes, requests=len(batch)
+                )
+            except BadInput:
+                if len(batch) == 1:
+                    raise
+                await asyncio.gather(*(self._alone(request) for request in batch))
+                return
+            start = 0
+            for request in batch:
+                if not request.answer.done():
+                    end = start + request.rows
+                    request.answer.set_result({name: rows[start:end] for name, rows in outputs.items()})
+                start += request.rows
+        except Exception as exc:  # the call failed for every request in it
+            for request in batch:
+                if not request.answer.done():
+                    request.answer.set_exception(exc)
+        finally:
+            self._in_flight -= 1
+            while self._queue and self._in_flight < self.max_calls:  # they waited for this call already
+                self._send()
+
+    async def _alone(self, request: _Request) -> None:
+        try:
+            answer = await self.link.infer(self.model, request.inputs, self.outputs, self.max_texts, self.max_bytes)
+        except Exception as exc:
+            if not request.answer.done():
+                request.answer.set_exception(exc)
+        else:
+            if not request.answer.done():
+                request.answer.set_result(answer)
