@@ -34,6 +34,7 @@ from common.contract import QUERY_INPUT, TEXT_INPUT
 from loadtest.corpus import load_text
 from loadtest.triton_stats import model_stats, stage_breakdown
 from model_repository.generate import generate
+from protocol.api_key import api_key, headers
 from serving.launcher.harness import local_server
 from serving.launcher.procfs import stub_processes
 from settings import Settings, load_settings
@@ -65,6 +66,7 @@ def run_perf_analyzer(
         binary, "-m", model, "-u", url, "-i", "grpc", "--input-data", str(data), "-b", str(batch),
         "--concurrency-range", str(concurrency), "--measurement-interval", str(interval_ms), "--max-trials", "8",
         "--stability-percentage", str(stability), "-f", str(csv_path),
+        *(item for name, value in headers(api_key(), "grpc").items() for item in ("-H", f"{name}:{value}")),
     ]  # fmt: skip
     csv_path.unlink(missing_ok=True)  # exit code 2 reads the CSV: never a stale one
     cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)

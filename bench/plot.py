@@ -113,14 +113,18 @@ def plot_api_cost(result: dict, path: Path) -> None:
         runs = [result["results"][level]["runs"][route] for level in levels]
         x = [i + (number - (len(routes) - 1) / 2) * width for i in range(len(levels))]
         axes[0].bar(x, [result["results"][level]["median_rps"][route] for level in levels], width, label=route)
-        axes[1].bar(x, [statistics.median(r["texts_per_triton_request"] for r in run) for run in runs], width)
+        # api_cost files of before 2026-12-02 did not count texts per Triton request: no bar for them
+        per_call = [statistics.median(r.get("texts_per_triton_request", float("nan")) for r in run) for run in runs]
+        axes[1].bar(x, per_call, width)
         cpu = [{k: statistics.median(r["cpu_us_per_request"][k] for r in run) for k in run[0]["cpu_us_per_request"]}
                for run in runs]  # fmt: skip
         bottom = [0.0] * len(levels)
-        for kind in [k for k in cpu[0] if k != "host"]:
+        kinds = [k for k in cpu[0] if k != "host"]
+        for shade, kind in enumerate(kinds):  # one colour per process kind, whatever the route
             values = [c[kind] for c in cpu]
-            axes[2].bar(x, values, width, bottom=bottom, label=kind if number == 0 else None)
+            axes[2].bar(x, values, width, bottom=bottom, color=f"C{shade}", label=kind if number == 0 else None)
             bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    axes[2].set_title("CPU per request; bars in the routes' order", fontsize=9)
     for ax, label in zip(axes, ("requests/s (median of rounds)", "texts per Triton request", "CPU us per request"),
                          strict=True):  # fmt: skip
         ax.set_xticks(range(len(levels)), levels)
