@@ -5,7 +5,8 @@ whose stub died and is being restarted, a server that is stopping) with exponent
 within one overall deadline per call, so a server restart or a stub restart is ridden out. Where nothing has
 ever answered at the URL, a refused connection is given up after connect_timeout_s with a message that says
 so, and a protocol that does not match the port is named. A request with more texts than the model's
-max_batch_size is sent as several, its outputs put back together in order.
+max_batch_size is sent as several, its outputs put back together in order. With an API key (the api_key
+argument, else BERT_TRITON_API_KEY of the environment) every inference carries it (protocol/api_key.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import tritonclient.http.aio as httpclient_aio
 from tritonclient.utils import InferenceServerException
 
 from common.contract import QUERY_INPUT, SCORE_OUTPUT, TEXT_INPUT
+from protocol.api_key import api_key as api_key_of_environment
+from protocol.api_key import headers
 from protocol.kserve_grpc import GRPC_CHANNEL_ARGS, TRANSIENT_MESSAGES, encode_texts
 
 PROTOCOLS = ("grpc", "http")
@@ -146,8 +149,10 @@ class _Base:
         timeout_s: float = 30.0,
         retry: RetryPolicy | None = None,
         connect_timeout_s: float = 3.0,
+        api_key: str | None = None,
     ) -> None:
         url, self.protocol = split_url(url, protocol)
+        self._headers = headers(api_key or api_key_of_environment(), self.protocol)  # none without a key
         self.url = url or default_url(self.protocol)
         self.model, self.timeout_s, self.connect_timeout_s = model, timeout_s, connect_timeout_s
         self.retry = retry or RetryPolicy()
@@ -157,7 +162,8 @@ class _Base:
 
     def _infer_kwargs(self, remaining_s: float) -> dict:
         # gRPC enforces a per-call deadline; the HTTP client's network timeout is set per connection.
-        return {"client_timeout": max(remaining_s, 0.001)} if self.protocol == "grpc" else {}
+        deadline = {"client_timeout": max(remaining_s, 0.001)} if self.protocol == "grpc" else {}
+        return {**deadline, "headers": self._headers} if self._headers else deadline
 
     def _failed(self, exc: BaseException, started: float, deadline: float, delay: float | None) -> float:
         """Delay before the next try, or raise ClientError when this failure is final."""

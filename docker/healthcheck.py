@@ -5,8 +5,9 @@ through the ensemble then fails. So this sends one one-text request to /v2/model
 JSON; a reranker's with a query beside the text, as its metadata asks) for each --model, and exits 0 only
 when each answers HTTP 200 with outputs; 1 otherwise, with the reason on stderr.
 
-The server image's HEALTHCHECK and the Helm chart's readiness probe run it. Standard library only, so it
-runs with any python3.
+The server image's HEALTHCHECK and the Helm chart's readiness probe run it. With BERT_TRITON_API_KEY set
+(the server's key, protocol/api_key.py) the inference carries it. Standard library only, so it runs with any
+python3.
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ import urllib.error
 import urllib.request
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+def _key_header() -> dict[str, str]:
+    key = os.environ.get("BERT_TRITON_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def _inputs(url: str, model: str, timeout_s: float) -> list[str]:
@@ -35,7 +41,7 @@ def problem(url: str, model: str = "ensemble", timeout_s: float = 5.0) -> str | 
         request = urllib.request.Request(
             f"{url.rstrip('/')}/v2/models/{model}/infer",
             data=json.dumps({"inputs": inputs}).encode(),
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **_key_header()},
             method="POST",
         )
         with urllib.request.urlopen(request, timeout=timeout_s) as response:

@@ -41,8 +41,13 @@ from loadtest.acceptance import (
     verdict_line,
 )
 from loadtest.corpus import load_text
+from protocol.api_key import api_key, headers
 from protocol.kserve_grpc import MODEL_INFER, encode_texts, tensors_infer_request
 from settings import load_settings
+
+# The API key of the environment, sent with every request when the server asks for one (protocol/api_key.py).
+KEY_HEADERS = headers(api_key())
+KEY_METADATA = tuple(headers(api_key(), "grpc").items()) or None
 
 log = logging.getLogger("loadtest")
 TEXTS = load_text()
@@ -224,7 +229,7 @@ class GrpcTextUser(User):
         length, error = 0, None
         started = time.perf_counter()
         try:
-            response = self._infer(request, timeout=CONFIG["timeout_s"])
+            response = self._infer(request, timeout=CONFIG["timeout_s"], metadata=KEY_METADATA)
             elapsed_ms = (time.perf_counter() - started) * 1e3
             length = response.ByteSize()
             problem = row_problem([list(output.shape) for output in response.outputs], len(texts))
@@ -265,7 +270,7 @@ class HttpTextUser(FastHttpUser):
         with self.client.post(
             f"/v2/models/{CONFIG['model']}/infer",
             data=json.dumps(body),
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **KEY_HEADERS},
             name=request_name(len(texts)),
             catch_response=True,
         ) as response:

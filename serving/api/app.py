@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hmac
 import signal
 import sys
 from pathlib import Path
@@ -30,6 +29,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from protocol.api_key import HEADER, accepted
 from serving.api import routes_cohere, routes_openai, routes_tei
 from serving.api.models import Models
 from serving.api.schema import ApiError
@@ -73,12 +73,8 @@ async def guard(request: web.Request, handler) -> web.StreamResponse:
     api = api_of(request)
     settings = api.deployment.api
     try:
-        if api.api_key and request.path not in OPEN_PATHS:
-            scheme, _, key = request.headers.get("Authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), api.api_key.encode()):
-                raise ApiError(
-                    401, "a valid API key is required: send Authorization: Bearer <key>", code="invalid_api_key"
-                )
+        if api.api_key and request.path not in OPEN_PATHS and not accepted(request.headers.get(HEADER), api.api_key):
+            raise ApiError(401, "a valid API key is required: send Authorization: Bearer <key>", code="invalid_api_key")
         limit = settings.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             raise ApiError(413, f"the body has {request.content_length} bytes; api.max_body_bytes is {limit}")

@@ -5,7 +5,6 @@ writing JSON."""
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import aiohttp
@@ -13,6 +12,7 @@ import orjson
 from aiohttp import web
 
 from common.contract import TOKENS_OUTPUT
+from protocol.api_key import api_key
 from serving.api.call_stats import CallStats
 from serving.api.coalescer import Coalescer
 from serving.api.models import Models, ServedModel
@@ -20,7 +20,6 @@ from serving.api.schema import ApiError
 from serving.api.triton_link import BadInput, NotReady, Overloaded, TimedOut, TritonError, TritonLink
 from settings import Deployment
 
-API_KEY_ENV = "BERT_TRITON_API_KEY"
 API = web.AppKey("api", object)
 
 
@@ -32,7 +31,7 @@ class Api:
     ):
         self.deployment, self.models, self.port = deployment, models, port
         self.grpc_target, self.ready_url, self.metrics_url = grpc_target, ready_url, metrics_url
-        self.api_key = os.environ.get(API_KEY_ENV) or None
+        self.api_key = api_key()
         self.in_flight = 0
         self.created = int(time.time())
         self.stats = CallStats(port, [model.triton for model in models.all])
@@ -42,7 +41,7 @@ class Api:
 
     async def start(self, app: web.Application):
         settings = self.deployment.api
-        self.link = TritonLink(self.grpc_target, settings.grpc_channels, settings.timeout_s, self.stats)
+        self.link = TritonLink(self.grpc_target, settings.grpc_channels, settings.timeout_s, self.stats, self.api_key)
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
         yield
         await self.link.close()

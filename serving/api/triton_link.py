@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import grpc
 import numpy as np
 
+from protocol.api_key import headers
 from protocol.kserve_grpc import (
     GRPC_CHANNEL_ARGS,
     MODEL_INFER,
@@ -78,8 +79,11 @@ def _error(exc: grpc.aio.AioRpcError) -> TritonError:
 class TritonLink:
     """gRPC to tritonserver at `target` (host:port) from one process, created inside its event loop."""
 
-    def __init__(self, target: str, channels: int, timeout_s: float, stats: CallStats | None = None) -> None:
+    def __init__(
+        self, target: str, channels: int, timeout_s: float, stats: CallStats | None = None, key: str | None = None
+    ) -> None:
         self.timeout_s, self.stats = timeout_s, stats
+        self._metadata = tuple(headers(key, "grpc").items()) or None  # Triton's inference group asks for the key too
         self._channels = [grpc.aio.insecure_channel(target, options=GRPC_CHANNEL_ARGS) for _ in range(channels)]
         self._calls = itertools.cycle(
             [
@@ -94,7 +98,8 @@ class TritonLink:
         if self.stats is not None:
             self.stats.count(model, len(next(iter(inputs.values()))), requests)
         try:
-            data = await next(self._calls)(tensors_infer_request(model, inputs, outputs), timeout=self.timeout_s)
+            request = tensors_infer_request(model, inputs, outputs)
+            data = await next(self._calls)(request, timeout=self.timeout_s, metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             raise _error(exc) from None
         return decode_response(data)

@@ -13,7 +13,9 @@ listens on server.http_port. For each request it
   binary-data header, so no form parser runs in Triton; multipart bodies get 415;
 - answers 400, not Triton's 500, when an inference request is not JSON of the KServe v2 shape (checked only
   after Triton answered 500, so a good request pays nothing for it);
-- answers 503 while tritonserver is down (the launcher starts it again).
+- answers 503 while tritonserver is down (the launcher starts it again);
+- with an API key set (protocol/api_key.py), answers 401 to an inference request without it (Triton's own
+  check, which the key restricts its inference group to, would answer 403 with its own wording).
 
 gRPC does not pass here: Triton's gRPC server took 8.3 MB messages without harm. `python -m
 serving.http_front` runs one worker; the launcher runs front.workers of them on one port (SO_REUSEPORT)
@@ -28,6 +30,8 @@ import re
 
 import aiohttp
 from aiohttp import web
+
+from protocol.api_key import HEADER, accepted, api_key
 
 BINARY_HEADER = "Inference-Header-Content-Length"  # Triton's binary tensor data extension
 # Not forwarded either way: connection-level headers, and those the front sets itself.
@@ -50,6 +54,7 @@ INFER_PATH = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$")
 UPSTREAM = web.AppKey("upstream", str)
 LIMIT = web.AppKey("limit", int)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
+KEY = web.AppKey("key", object)  # the API key, or None
 
 
 class BodyError(Exception):
@@ -120,6 +125,11 @@ def infer_request_problem(body: bytes, binary_header: str | None) -> str | None:
 
 
 async def forward(request: web.Request) -> web.Response:
+    key = request.app[KEY]
+    if key and INFER_PATH.match(request.path) and not accepted(request.headers.get(HEADER), key):
+        refused = error(401, "a valid API key is required: send Authorization: Bearer <key>")
+        refused.force_close()  # the body is not read
+        return refused
     try:
         body = await read_body(request, request.app[LIMIT])
     except BodyError as exc:
@@ -160,6 +170,7 @@ def make_app(upstream: str, max_body_bytes: int) -> web.Application:
     app = web.Application(client_max_size=max_body_bytes)
     app[UPSTREAM] = f"http://{upstream}"
     app[LIMIT] = max_body_bytes
+    app[KEY] = api_key()
 
     async def session(app: web.Application):
         # Responses pass through as Triton encoded them (auto_decompress off), so Triton may compress only what

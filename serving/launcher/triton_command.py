@@ -6,6 +6,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from protocol.api_key import HEADER, bearer
 from serving.launcher.watchdog import ADMIN_HEADER
 from settings import Deployment, Settings
 
@@ -82,9 +83,12 @@ def server_command(
     exit_timeout_s: int,
     admin_key: str | None = None,
     uses_gpus: bool = False,
+    api_key: str | None = None,
 ) -> list[str]:
     """tritonserver's flags; with admin_key, explicit model control so that the watchdog can reload a stage,
-    and the repository API this opens restricted to requests carrying that per-launch key."""
+    and the repository API this opens restricted to requests carrying that per-launch key; with api_key (the
+    API key, protocol/api_key.py), inference over HTTP and gRPC restricted to requests carrying it."""
+    inference = f"inference:{HEADER}={bearer(api_key)}" if api_key else None
     control = [
         "--model-control-mode=explicit",
         "--load-model=*",
@@ -108,5 +112,6 @@ def server_command(
         f"--exit-timeout-secs={exit_timeout_s}",
         "--log-verbose=0",
         *(control if admin_key else []),
+        *([f"--http-restricted-api={inference}", f"--grpc-restricted-protocol={inference}"] if inference else []),
         *(CPU_ONLY_FLAGS if not uses_gpus else []),
     ]

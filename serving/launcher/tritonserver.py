@@ -22,6 +22,7 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 
+from protocol.api_key import api_key
 from serving.launcher.procfs import stubs, stubs_cpu_s
 from serving.launcher.shm import remove_regions
 from serving.launcher.triton_command import Ports, server_command
@@ -124,6 +125,7 @@ class TritonServer:
             self.deployment.triton_exit_timeout_s,
             self.admin_key,
             self.deployment.uses_gpus,
+            api_key(),
         )
         return command, env
 

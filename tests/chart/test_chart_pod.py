@@ -57,6 +57,20 @@ def test_pods_run_unprivileged_on_a_read_only_root(chart, config):
         assert job["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
 
 
+def test_one_api_key_secret_reaches_every_container_that_serves_or_calls_inference(chart):
+    objects = render(chart, overlay("api-front"))  # apiKey.secret: bert-api-key
+    pods = [pod_spec(objects), *(pod["spec"] for pod in objects.get("Pod", []))]
+    containers = [container for spec in pods for container in spec["containers"]]
+    assert {container["name"] for container in containers} >= {"triton", "api", "inference"}
+    for container in containers:
+        (key,) = [entry for entry in container.get("env", []) if entry["name"] == "BERT_TRITON_API_KEY"]
+        assert key["valueFrom"]["secretKeyRef"] == {"name": "bert-api-key", "key": "api-key"}, container["name"]
+    plain = render(chart)
+    assert not any(
+        entry["name"] == "BERT_TRITON_API_KEY" for c in pod_spec(plain)["containers"] for entry in c.get("env", [])
+    )
+
+
 def test_api_front_runs_as_a_container_of_its_own(chart, settings):
     objects = render(chart, overlay("api-front"))
     spec = pod_spec(objects)

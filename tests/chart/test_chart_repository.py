@@ -41,6 +41,24 @@ def test_object_store_runs_tritonserver_with_the_launchers_flags(chart):
     assert {"ports": [{"port": 443, "protocol": "TCP"}]} in policy["spec"]["egress"]
 
 
+def test_object_store_with_an_api_key_restricts_inference_as_the_launcher_does(chart):
+    values = copy.deepcopy(overlay("cpu"))
+    values["apiKey"] = {"secret": "bert-api-key", "secretKey": "api-key"}
+    container = server_container(render(chart, values))
+    settings = load_settings(ROOT / "settings" / "defaults.toml")
+    launcher = server_command(
+        Path("/opt/tritonserver/bin/tritonserver"),
+        Path("/repository"),
+        Path("/opt/tritonserver/backends"),
+        dataclasses.replace(Ports.of(settings), triton_http=0),
+        "0.0.0.0",
+        Deployment.of(settings).triton_exit_timeout_s,
+        api_key="$(BERT_TRITON_API_KEY)",  # Kubernetes puts the Secret's value there when the container starts
+    )[1:]
+    assert container["args"][1:] == launcher[1:]
+    assert any(entry["name"] == "BERT_TRITON_API_KEY" for entry in container["env"])
+
+
 def test_gcs_credentials_come_as_a_mounted_key_file(chart):
     values = copy.deepcopy(overlay("cpu"))
     values["modelRepository"]["objectStore"] = {

@@ -15,7 +15,7 @@ import pytest
 
 from client import TextClient
 from common.hf_tokenizer import load_tokenizer
-from serving.api.service import API_KEY_ENV
+from protocol.api_key import API_KEY_ENV
 from serving.launcher.harness import local_server
 from serving.launcher.triton_command import free_ports
 from tests.server.api_front_process import Front, urls

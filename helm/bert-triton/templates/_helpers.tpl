@@ -352,3 +352,18 @@ The engine-cache command, for the init container and the Job (without --out: cac
 - --cache
 - /engine-cache
 {{- end }}
+
+{{/*
+The API key (protocol/api_key.py) from apiKey.secret as BERT_TRITON_API_KEY, for every container that serves or
+calls inference: the launcher (Triton's restricted inference group, the HTTP front), the API front, the probes
+and the helm test. Renders nothing without a Secret.
+*/}}
+{{- define "bert-triton.apiKeyEnv" -}}
+{{- with .Values.apiKey.secret }}
+- name: BERT_TRITON_API_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: {{ $.Values.apiKey.secretKey }}
+{{- end }}
+{{- end }}
