@@ -56,10 +56,12 @@ def encoded_infer_request(model: str, encoded: Sequence[bytes], outputs: Sequenc
     return tensors_infer_request(model, {TEXT_INPUT: encoded}, outputs)
 
 
-def tensors_infer_request(model: str, inputs: dict[str, Sequence[bytes]], outputs: Sequence[str] = ()) -> bytes:
+def tensors_infer_request(
+    model: str, inputs: dict[str, Sequence[bytes]], outputs: Sequence[str] = (), request_id: str = ""
+) -> bytes:
     """A serialized ModelInferRequest of BYTES [rows, 1] inputs by name, each row already UTF-8 (a reranker's
-    query beside its text, say), asking for `outputs` by name (none: all of them)."""
-    request = service_pb2.ModelInferRequest(model_name=model)
+    query beside its text, say), asking for `outputs` by name (none: all of them), with Triton's request id."""
+    request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
     for name, rows in inputs.items():
         request.inputs.add(name=name, datatype="BYTES", shape=[len(rows), 1])
         request.raw_input_contents.append(b"".join(len(data).to_bytes(4, "little") + data for data in rows))

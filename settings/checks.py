@@ -79,6 +79,9 @@ def check(settings: Settings) -> None:
         )
     if api.coalesce_calls < 0 or not 0 <= api.coalesce_window_ms <= 100:
         raise SettingsError("api needs coalesce_calls >= 0 and coalesce_window_ms in 0..100")
+    for origin in api.cors_allow_origins:
+        if not isinstance(origin, str) or not (origin == "*" or origin.startswith(("http://", "https://"))):
+            raise SettingsError(f'api.cors_allow_origins: {origin!r} is not "*" or an http(s):// origin')
     if api.max_body_bytes < 1 or api.timeout_s <= 0:
         raise SettingsError("api needs max_body_bytes >= 1 and timeout_s > 0")
     _check_loadtest(settings.loadtest, settings.ensemble.max_batch_size)

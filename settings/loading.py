@@ -38,7 +38,14 @@ def _section(cls, raw: dict, name: str):
         raise SettingsError(f"[{name}] has unknown keys: {', '.join(sorted(unknown))}")
     if missing:  # only the defaults file can lack a key: every other file is read over it
         raise SettingsError(f"{DEFAULT_SETTINGS.name} lacks [{name}] {', '.join(sorted(missing))}")
-    for key in ("preferred_batch_sizes", "gpus", "sequence_buckets", "batch_sizes", "batch_weights"):
+    for key in (
+        "preferred_batch_sizes",
+        "gpus",
+        "sequence_buckets",
+        "batch_sizes",
+        "batch_weights",
+        "cors_allow_origins",
+    ):
         if key in values:
             values[key] = tuple(values[key])
     return cls(**values)

@@ -127,6 +127,7 @@ class ApiSettings:
     timeout_s: float
     coalesce_calls: int
     coalesce_window_ms: float
+    cors_allow_origins: tuple[str, ...]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,9 @@ model of the task the route serves. Token counts are the pipeline's `tokens` out
 400 naming the item at fault, 401 without the key when BERT_TRITON_API_KEY is set, 404 for another model,
 413 for a body over api.max_body_bytes (by its Content-Length, before reading it) or more than api.max_inputs
 texts, 429 with Retry-After when this worker has api.max_concurrent_requests in flight or Triton's queue is
-full, 503 with Retry-After while the server is not ready, 504 past api.timeout_s.
+full, 503 with Retry-After while the server is not ready, 504 past api.timeout_s. Every answer carries the
+request's X-Request-Id and TEI's timing headers (request_context.py); api.cors_allow_origins opens it to
+browser pages of those origins (cors.py).
 """
 
 from __future__ import annotations
@@ -31,9 +33,12 @@ from aiohttp import web
 
 from protocol.api_key import HEADER, accepted
 from serving.api import routes_cohere, routes_openai, routes_tei
+from serving.api.cors import PREFLIGHT, cors_headers, is_preflight
 from serving.api.models import Models
+from serving.api.request_context import CURRENT, RequestContext
 from serving.api.schema import ApiError
 from serving.api.service import API, Api, answer, api_of
+from serving.request_id import REQUEST_ID, request_id
 from serving.workers import FrontWorkers
 from settings import load_deployment
 
@@ -69,8 +74,22 @@ async def metrics(request: web.Request) -> web.Response:
 
 @web.middleware
 async def guard(request: web.Request, handler) -> web.StreamResponse:
-    """The checks every route shares, in order: key, body size, concurrency; then errors in OpenAI's shape."""
+    """What every request gets: its id and RequestContext, CORS for allowed origins, the shared checks, and its
+    id and timing headers on the answer, whatever it is."""
     api = api_of(request)
+    context = RequestContext(request_id(request.headers.get(REQUEST_ID)))
+    CURRENT.set(context)
+    cors = cors_headers(request.headers.get("Origin"), api.deployment.api.cors_allow_origins)
+    if cors and is_preflight(request.method, request.headers):
+        return web.Response(status=204, headers={**cors, **PREFLIGHT})
+    response = await checked(request, handler, api)
+    response.headers.update({**context.headers(), **cors})
+    return response
+
+
+async def checked(request: web.Request, handler, api: Api) -> web.StreamResponse:
+    """The checks every route shares, in order: key, body size, concurrency; then errors in OpenAI's shape,
+    the server's (5xx) logged with the request's id."""
     settings = api.deployment.api
     try:
         if api.api_key and request.path not in OPEN_PATHS and not accepted(request.headers.get(HEADER), api.api_key):
@@ -86,6 +105,10 @@ async def guard(request: web.Request, handler) -> web.StreamResponse:
         finally:
             api.in_flight -= 1
     except ApiError as exc:
+        if exc.status >= 500:
+            context = CURRENT.get()
+            where = f"{request.method} {request.path[:200]!r}"
+            print(f"api: request {context.id} {where}: {exc.status} {exc}", file=sys.stderr)
         headers = {"Retry-After": "1"} if exc.status in (429, 503) else None
         response = answer(exc.body(), exc.status, headers)
         if exc.status == 413:

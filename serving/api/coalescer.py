@@ -13,18 +13,23 @@ reaches either goes by itself (TritonLink splits it). Each request gets its own 
 were checked before they queued (schema.py); if Triton still refuses a coalesced call, each of its requests is
 sent again alone, so a bad text fails its own request only. A request whose client went away (aiohttp cancels
 its handler) leaves the queue; once sent, its rows are computed and dropped. api.coalesce_calls = 0: every
-request is a call of its own.
+request is a call of its own. Each request's RequestContext gets the time it queued and the time of the
+call that carried it; the call's Triton id lists the ids of its requests.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from serving.api.request_context import CURRENT, RequestContext
 from serving.api.triton_link import BadInput, TritonLink
+
+MAX_ID_CHARS = 1024  # Triton's id of a coalesced call: its requests' ids, as many as fit
 
 
 @dataclass(eq=False)
@@ -33,6 +38,18 @@ class _Request:
     rows: int
     size: int
     answer: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    context: RequestContext | None = field(default_factory=CURRENT.get)
+    queued: float = field(default_factory=time.perf_counter)
+
+    @property
+    def id(self) -> str:
+        return self.context.id if self.context else ""
+
+
+def _timed(context: RequestContext | None, started: float, queued: float = 0.0) -> None:
+    if context is not None:
+        context.queue_s += queued
+        context.inference_s += time.perf_counter() - started
 
 
 class Coalescer:
@@ -62,7 +79,7 @@ class Coalescer:
         rows = len(next(iter(inputs.values())))
         size = sum(len(value) for values in inputs.values() for value in values)
         if self.max_calls == 0 or rows >= self.max_texts or size >= self.max_bytes:
-            return await self.link.infer(self.model, inputs, self.outputs, self.max_texts, self.max_bytes)
+            return await self._direct(_Request(inputs, rows, size))
         request = _Request(inputs, rows, size)
         self._queue.append(request)
         self._queued_rows += rows
@@ -101,22 +118,26 @@ class Coalescer:
             rows, size = rows + request.rows, size + request.size
         self._queued_rows -= rows
         self._in_flight += 1
-        task = asyncio.get_running_loop().create_task(self._call(batch))
+        task = asyncio.get_running_loop().create_task(self._call(batch, time.perf_counter()))
         self._calls.add(task)
         task.add_done_callback(self._calls.discard)
 
-    async def _call(self, batch: list[_Request]) -> None:
+    async def _call(self, batch: list[_Request], sent: float) -> None:
         try:
             inputs = {name: [value for request in batch for value in request.inputs[name]] for name in batch[0].inputs}
+            ids = ",".join(request.id for request in batch)[:MAX_ID_CHARS]
             try:
                 outputs = await self.link.infer(
-                    self.model, inputs, self.outputs, self.max_texts, self.max_bytes, requests=len(batch)
+                    self.model, inputs, self.outputs, self.max_texts, self.max_bytes, len(batch), ids
                 )
             except BadInput:
                 if len(batch) == 1:
                     raise
                 await asyncio.gather(*(self._alone(request) for request in batch))
                 return
+            finally:
+                for request in batch:
+                    _timed(request.context, sent, sent - request.queued)
             start = 0
             for request in batch:
                 if not request.answer.done():
@@ -132,9 +153,18 @@ class Coalescer:
             while self._queue and self._in_flight < self.max_calls:  # they waited for this call already
                 self._send()
 
+    async def _direct(self, request: _Request) -> dict[str, np.ndarray]:
+        started = time.perf_counter()
+        try:
+            return await self.link.infer(
+                self.model, request.inputs, self.outputs, self.max_texts, self.max_bytes, request_id=request.id
+            )
+        finally:
+            _timed(request.context, started)
+
     async def _alone(self, request: _Request) -> None:
         try:
-            answer = await self.link.infer(self.model, request.inputs, self.outputs, self.max_texts, self.max_bytes)
+            answer = await self._direct(request)
         except Exception as exc:
             if not request.answer.done():
                 request.answer.set_exception(exc)

@@ -16,6 +16,7 @@ from protocol.api_key import api_key
 from serving.api.call_stats import CallStats
 from serving.api.coalescer import Coalescer
 from serving.api.models import Models, ServedModel
+from serving.api.request_context import CURRENT
 from serving.api.schema import ApiError
 from serving.api.triton_link import BadInput, NotReady, Overloaded, TimedOut, TritonError, TritonLink
 from settings import Deployment
@@ -60,7 +61,7 @@ class Api:
     async def infer(self, model: ServedModel, inputs: dict[str, list[bytes]], outputs: list[str]) -> dict:
         """The model's outputs and each row's token count, Triton's refusals worded for the caller."""
         try:
-            return await self.coalescer(model, (*outputs, TOKENS_OUTPUT)).infer(inputs)
+            result = await self.coalescer(model, (*outputs, TOKENS_OUTPUT)).infer(inputs)
         except BadInput as exc:
             raise ApiError(400, f"tritonserver refused the texts: {exc}", "input") from None
         except Overloaded as exc:
@@ -71,6 +72,10 @@ class Api:
             raise ApiError(504, f"no answer within api.timeout_s = {self.deployment.api.timeout_s} s") from None
         except TritonError as exc:
             raise ApiError(500, f"tritonserver failed: {exc}") from None
+        context = CURRENT.get()
+        if context is not None:
+            context.tokens += int(result[TOKENS_OUTPUT].sum())
+        return result
 
 
 async def read_json(request: web.Request):

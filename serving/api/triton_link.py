@@ -93,12 +93,12 @@ class TritonLink:
         )
 
     async def _call(
-        self, model: str, inputs: dict[str, Sequence[bytes]], outputs: Sequence[str], requests: int = 1
+        self, model: str, inputs: dict[str, Sequence[bytes]], outputs: Sequence[str], requests: int, request_id: str
     ) -> dict:
         if self.stats is not None:
             self.stats.count(model, len(next(iter(inputs.values()))), requests)
         try:
-            request = tensors_infer_request(model, inputs, outputs)
+            request = tensors_infer_request(model, inputs, outputs, request_id)
             data = await next(self._calls)(request, timeout=self.timeout_s, metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             raise _error(exc) from None
@@ -112,16 +112,21 @@ class TritonLink:
         max_texts: int,
         max_bytes: int,
         requests: int = 1,
+        request_id: str = "",
     ) -> dict[str, np.ndarray]:
         """The model's `outputs` for rows of BYTES inputs already UTF-8 (every input one row per text), one
         output row per input row in order; split into requests of at most max_texts rows and max_bytes.
-        `requests`: how many API requests the rows are (the Coalescer's), for the call statistics."""
+        `requests`: how many API requests the rows are (the Coalescer's), for the call statistics;
+        `request_id`: Triton's id of the call(s), for its logs and traces."""
         rows = list(zip(*inputs.values(), strict=True))
         bounds = chunk_bounds([sum(map(len, row)) for row in rows], max_texts, max_bytes)
         if len(bounds) == 1:
-            return await self._call(model, inputs, outputs, requests)
+            return await self._call(model, inputs, outputs, requests, request_id)
         parts = await asyncio.gather(
-            *(self._call(model, {name: values[bound] for name, values in inputs.items()}, outputs) for bound in bounds)
+            *(
+                self._call(model, {name: values[bound] for name, values in inputs.items()}, outputs, 1, request_id)
+                for bound in bounds
+            )
         )
         return {name: np.concatenate([part[name] for part in parts]) for name in outputs}
 

@@ -15,7 +15,10 @@ listens on server.http_port. For each request it
   after Triton answered 500, so a good request pays nothing for it);
 - answers 503 while tritonserver is down (the launcher starts it again);
 - with an API key set (protocol/api_key.py), answers 401 to an inference request without it (Triton's own
-  check, which the key restricts its inference group to, would answer 403 with its own wording).
+  check, which the key restricts its inference group to, would answer 403 with its own wording);
+- echoes each request's X-Request-Id (serving/request_id.py: the caller's if plain, else a new one) and puts
+  it in its log lines about the request. (Triton's HTTP takes a request id only inside the JSON body,
+  which this front does not rewrite.)
 
 gRPC does not pass here: Triton's gRPC server took 8.3 MB messages without harm. `python -m
 serving.http_front` runs one worker; the launcher runs front.workers of them on one port (SO_REUSEPORT)
@@ -27,11 +30,13 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 
 import aiohttp
 from aiohttp import web
 
 from protocol.api_key import HEADER, accepted, api_key
+from serving.request_id import REQUEST_ID, request_id
 
 BINARY_HEADER = "Inference-Header-Content-Length"  # Triton's binary tensor data extension
 # Not forwarded either way: connection-level headers, and those the front sets itself.
@@ -125,6 +130,14 @@ def infer_request_problem(body: bytes, binary_header: str | None) -> str | None:
 
 
 async def forward(request: web.Request) -> web.Response:
+    """The request to tritonserver and its answer back, with the request's id."""
+    identity = request_id(request.headers.get(REQUEST_ID))
+    response = await _forward(request, identity)
+    response.headers[REQUEST_ID] = identity
+    return response
+
+
+async def _forward(request: web.Request, identity: str) -> web.Response:
     key = request.app[KEY]
     if key and INFER_PATH.match(request.path) and not accepted(request.headers.get(HEADER), key):
         refused = error(401, "a valid API key is required: send Authorization: Bearer <key>")
@@ -148,6 +161,8 @@ async def forward(request: web.Request) -> web.Response:
         async with request.app[SESSION].request(request.method, url, data=body, headers=headers) as upstream:
             data = await upstream.read()
     except aiohttp.ClientConnectionError:
+        where = f"{request.method} {request.path[:200]!r}"
+        print(f"front: request {identity} {where}: 503, tritonserver is not answering", file=sys.stderr)
         return error(503, "tritonserver is not running (the launcher is starting it again): retry shortly")
     status = upstream.status
     if status == 500 and request.method == "POST" and INFER_PATH.match(request.path):

@@ -10,6 +10,7 @@ import gzip
 import http.client
 import json
 import os
+import re
 import signal
 import time
 
@@ -165,11 +166,31 @@ def test_a_dead_front_worker_is_started_again(launcher):
             time.sleep(0.1)
 
 
+@pytest.mark.parametrize(
+    ("sent", "echoed"), [("trace-me.42", "trace-me.42"), (None, None), ("x" * 129, None), ("not plain!", None)]
+)
+def test_the_front_echoes_a_plain_request_id_and_makes_one_otherwise(launcher, sent, echoed):
+    connection = http.client.HTTPConnection("127.0.0.1", launcher.ports.http, timeout=60)
+    try:
+        connection.request(
+            "POST", "/v2/models/ensemble/infer", infer_body(["id?"]), {"X-Request-Id": sent} if sent else {}
+        )
+        response = connection.getresponse()
+        response.read()
+    finally:
+        connection.close()
+    assert response.status == 200
+    given = response.getheader("X-Request-Id")
+    assert given == echoed if echoed else re.fullmatch(r"[0-9a-f]{32}", given), given
+
+
 def test_the_front_answers_503_while_tritonserver_restarts(launcher):
     os.kill(launcher.triton_pid, signal.SIGKILL)
     time.sleep(0.3)
-    status, answer = post(launcher, "/v2/models/ensemble/infer", infer_body(["anyone there?"]))
+    headers = {"X-Request-Id": "restart-probe-1"}
+    status, answer = post(launcher, "/v2/models/ensemble/infer", infer_body(["anyone there?"]), headers)
     assert status == 503 and "starting it again" in answer["error"], answer
+    assert "front: request restart-probe-1 POST '/v2/models/ensemble/infer': 503" in launcher.log_path.read_text()
     deadline = time.monotonic() + 30
     while launcher.ready()[0] != 200:
         assert time.monotonic() < deadline, launcher.ready()

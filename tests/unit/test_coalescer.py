@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from serving.api.coalescer import Coalescer
+from serving.api.request_context import CURRENT, RequestContext
 from serving.api.triton_link import BadInput, Overloaded
 
 
@@ -19,13 +20,15 @@ class RecordingLink:
 
     def __init__(self) -> None:
         self.calls: list[tuple[list[bytes], int]] = []
+        self.ids: list[str] = []
         self.release = asyncio.Event()
         self.release.set()
         self.fail: Exception | None = None
 
-    async def infer(self, model, inputs, outputs, max_texts, max_bytes, requests=1):
+    async def infer(self, model, inputs, outputs, max_texts, max_bytes, requests=1, request_id=""):
         texts = inputs["TEXT"]
         self.calls.append((list(texts), requests))
+        self.ids.append(request_id)
         await self.release.wait()
         if self.fail is not None:
             raise self.fail
@@ -184,3 +187,28 @@ def test_coalesce_calls_zero_sends_every_request_on_its_own():
         return link
 
     assert sorted(asyncio.run(scenario()).calls) == [([b"a"], 1), ([b"b"], 1), ([b"c"], 1)]
+
+
+def test_each_request_learns_how_long_it_queued_and_was_computed_and_triton_gets_their_ids():
+    async def scenario():
+        link = RecordingLink()
+        link.release.clear()
+        target = coalescer(link, max_calls=1)
+
+        async def request(name: str, words: dict) -> RequestContext:
+            context = RequestContext(name)
+            CURRENT.set(context)  # as the guard middleware does, in this request's own task
+            await target.infer(words)
+            return context
+
+        gathered = asyncio.ensure_future(
+            asyncio.gather(request("first", texts("a")), request("second", texts("b")), request("third", texts("c")))
+        )
+        await asyncio.sleep(0.05)
+        link.release.set()
+        return link, await gathered
+
+    link, (first, second, third) = asyncio.run(scenario())
+    assert link.ids == ["first", "second,third"]
+    assert first.queue_s < 0.01 <= first.inference_s, "the first went at once and its call was held"
+    assert second.queue_s >= 0.04 and third.queue_s >= 0.04, "the others waited for the first call to end"
