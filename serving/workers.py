@@ -3,6 +3,7 @@ when it dies; the launcher runs both fronts so, and the API front runs itself so
 
 from __future__ import annotations
 
+import logging
 import socket
 import subprocess
 import sys
@@ -10,6 +11,8 @@ import threading
 import time
 
 from serving.processes import die_with_parent
+
+log = logging.getLogger("launcher")
 
 
 class FrontWorkers:
@@ -53,7 +56,7 @@ class FrontWorkers:
             with self._lock:
                 for index, process in enumerate(self.processes):
                     if process.poll() is not None and not self._stop.is_set():
-                        print(f"launcher: {self.name} worker exited with {process.returncode}; starting it again")
+                        log.warning(f"{self.name} worker exited with {process.returncode}; starting it again")
                         self.processes[index] = self._spawn()
                         self.restarts += 1
 

@@ -67,6 +67,8 @@ def check(settings: Settings) -> None:
     server = settings.server
     if server.watchdog_interval_s < 0 or server.exit_timeout_s < 1 or server.unload_s_per_stub < 0:
         raise SettingsError("server needs watchdog_interval_s >= 0, exit_timeout_s >= 1 and unload_s_per_stub >= 0")
+    if server.log_format not in ("text", "json"):
+        raise SettingsError(f'server.log_format must be "text" or "json", not {server.log_format!r}')
     if server.max_restarts < 0 or server.restart_window_s <= 0:
         raise SettingsError("server needs max_restarts >= 0 and restart_window_s > 0")
     front = settings.front
@@ -84,6 +86,13 @@ def check(settings: Settings) -> None:
             raise SettingsError(f'api.cors_allow_origins: {origin!r} is not "*" or an http(s):// origin')
     if api.max_body_bytes < 1 or api.timeout_s <= 0:
         raise SettingsError("api needs max_body_bytes >= 1 and timeout_s > 0")
+    tracing = settings.tracing
+    if tracing.endpoint and not tracing.endpoint.startswith(("http://", "https://")):
+        raise SettingsError(
+            f"tracing.endpoint must be an http(s):// URL of an OTLP/HTTP collector, not {tracing.endpoint!r}"
+        )
+    if not 0 < tracing.sample_rate <= 1 or not tracing.service_name:
+        raise SettingsError("tracing needs sample_rate in (0, 1] and a service_name")
     _check_loadtest(settings.loadtest, settings.ensemble.max_batch_size)
 
 

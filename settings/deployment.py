@@ -15,9 +15,9 @@ import re
 from pathlib import Path
 
 from settings.loading import DEFAULT_SETTINGS, load_settings, own_sections
-from settings.schema import ApiSettings, FrontSettings, ServerSettings, Settings, SettingsError
+from settings.schema import ApiSettings, FrontSettings, ServerSettings, Settings, SettingsError, TracingSettings
 
-SERVER_WIDE = ("server", "front", "api")
+SERVER_WIDE = ("server", "front", "api", "tracing")
 SINGLE_MODEL_NAME = "ensemble"
 # What a model may be called when several share a server: a Triton model folder and a URL path segment.
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -58,6 +58,10 @@ class Deployment:
     @property
     def api(self) -> ApiSettings:
         return self.first.api
+
+    @property
+    def tracing(self) -> TracingSettings:
+        return self.first.tracing
 
     @property
     def build_dir(self) -> Path:

@@ -25,6 +25,7 @@ from settings.schema import (
     StageSettings,
     TensorRTSettings,
     TokenizerSettings,
+    TracingSettings,
 )
 
 DEFAULT_SETTINGS = Path(__file__).resolve().parent / "defaults.toml"
@@ -134,6 +135,7 @@ def load_settings(path: str | Path | None = None, overrides: tuple[str, ...] | l
         server=_section(ServerSettings, raw, "server"),
         front=_section(FrontSettings, raw, "front"),
         api=_section(ApiSettings, raw, "api"),
+        tracing=_section(TracingSettings, raw, "tracing"),
         tensorrt=_section(TensorRTSettings, raw, "tensorrt"),
         loadtest=_section(LoadTestSettings, raw, "loadtest"),
         path=Path(path or DEFAULT_SETTINGS).resolve(),

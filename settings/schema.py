@@ -103,6 +103,7 @@ class ServerSettings:
     max_restarts: int
     restart_window_s: float
     build_dir: str
+    log_format: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +132,15 @@ class ApiSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class TracingSettings:
+    """OpenTelemetry traces of the fronts and tritonserver (serving/tracing.py); off while endpoint is empty."""
+
+    endpoint: str
+    sample_rate: float
+    service_name: str
+
+
+@dataclasses.dataclass(frozen=True)
 class LoadTestSettings:
     """The acceptance bar `python -m loadtest` holds a deployment to; its flags override each value."""
 
@@ -156,6 +166,7 @@ class Settings:
     server: ServerSettings
     front: FrontSettings
     api: ApiSettings
+    tracing: TracingSettings
     tensorrt: TensorRTSettings
     loadtest: LoadTestSettings
     path: Path

@@ -17,13 +17,15 @@ model of the task the route serves. Token counts are the pipeline's `tokens` out
 texts, 429 with Retry-After when this worker has api.max_concurrent_requests in flight or Triton's queue is
 full, 503 with Retry-After while the server is not ready, 504 past api.timeout_s. Every answer carries the
 request's X-Request-Id and TEI's timing headers (request_context.py); api.cors_allow_origins opens it to
-browser pages of those origins (cors.py).
+browser pages of those origins (cors.py); with tracing.endpoint set, each request is a span in its caller's
+trace, passed on to Triton (serving/tracing.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import signal
 import sys
 from pathlib import Path
@@ -38,10 +40,12 @@ from serving.api.models import Models
 from serving.api.request_context import CURRENT, RequestContext
 from serving.api.schema import ApiError
 from serving.api.service import API, Api, answer, api_of
+from serving.log import configure
 from serving.request_id import REQUEST_ID, request_id
 from serving.workers import FrontWorkers
 from settings import load_deployment
 
+log = logging.getLogger("api")
 OPEN_PATHS = frozenset({"/health", "/metrics"})  # probes and scrapes need no key
 
 
@@ -82,7 +86,12 @@ async def guard(request: web.Request, handler) -> web.StreamResponse:
     cors = cors_headers(request.headers.get("Origin"), api.deployment.api.cors_allow_origins)
     if cors and is_preflight(request.method, request.headers):
         return web.Response(status=204, headers={**cors, **PREFLIGHT})
-    response = await checked(request, handler, api)
+    if api.tracing is None:
+        response = await checked(request, handler, api)
+    else:
+        with api.tracing.request_span(f"{request.method} {request.path[:200]}", request.headers, context.id) as trace:
+            context.trace = trace
+            response = await checked(request, handler, api)
     response.headers.update({**context.headers(), **cors})
     return response
 
@@ -108,7 +117,7 @@ async def checked(request: web.Request, handler, api: Api) -> web.StreamResponse
         if exc.status >= 500:
             context = CURRENT.get()
             where = f"{request.method} {request.path[:200]!r}"
-            print(f"api: request {context.id} {where}: {exc.status} {exc}", file=sys.stderr)
+            log.error(f"request {context.id} {where}: {exc.status} {exc}", extra={"request_id": context.id})
         headers = {"Retry-After": "1"} if exc.status in (429, 503) else None
         response = answer(exc.body(), exc.status, headers)
         if exc.status == 413:
@@ -164,6 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=1, help="processes on the port, each started again if it dies")
     args = parser.parse_args(argv)
     deployment = load_deployment(args.settings, args.set)
+    configure(deployment.server.log_format)
     server = deployment.server
     host, port = args.host or server.host, args.port or deployment.api.port
     if args.workers > 1:  # as a container of its own (the chart): this process supervises the workers

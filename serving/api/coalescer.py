@@ -14,7 +14,8 @@ were checked before they queued (schema.py); if Triton still refuses a coalesced
 sent again alone, so a bad text fails its own request only. A request whose client went away (aiohttp cancels
 its handler) leaves the queue; once sent, its rows are computed and dropped. api.coalesce_calls = 0: every
 request is a call of its own. Each request's RequestContext gets the time it queued and the time of the
-call that carried it; the call's Triton id lists the ids of its requests.
+call that carried it; the call's Triton id lists the ids of its requests, and it carries the trace context
+of the first of them that is traced.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ class _Request:
     @property
     def id(self) -> str:
         return self.context.id if self.context else ""
+
+    @property
+    def trace(self) -> dict[str, str]:
+        return self.context.trace if self.context else {}
 
 
 def _timed(context: RequestContext | None, started: float, queued: float = 0.0) -> None:
@@ -127,8 +132,9 @@ class Coalescer:
             inputs = {name: [value for request in batch for value in request.inputs[name]] for name in batch[0].inputs}
             ids = ",".join(request.id for request in batch)[:MAX_ID_CHARS]
             try:
+                trace = next((request.trace for request in batch if request.trace), {})  # the first traced one's
                 outputs = await self.link.infer(
-                    self.model, inputs, self.outputs, self.max_texts, self.max_bytes, len(batch), ids
+                    self.model, inputs, self.outputs, self.max_texts, self.max_bytes, len(batch), ids, trace
                 )
             except BadInput:
                 if len(batch) == 1:
@@ -157,7 +163,7 @@ class Coalescer:
         started = time.perf_counter()
         try:
             return await self.link.infer(
-                self.model, request.inputs, self.outputs, self.max_texts, self.max_bytes, request_id=request.id
+                self.model, request.inputs, self.outputs, self.max_texts, self.max_bytes, 1, request.id, request.trace
             )
         finally:
             _timed(request.context, started)

@@ -27,6 +27,7 @@ class RequestContext:
     queue_s: float = 0.0  # waiting in the Coalescer for a call
     inference_s: float = 0.0  # the Triton calls that carried its texts (tokenize, model, pooling, gRPC)
     tokens: int = 0
+    trace: dict[str, str] = field(default_factory=dict)  # traceparent of this request's span (serving/tracing.py)
 
     def headers(self) -> dict[str, str]:
         """TEI's timing headers, in whole milliseconds as TEI writes them, and the id."""

@@ -19,6 +19,7 @@ from serving.api.models import Models, ServedModel
 from serving.api.request_context import CURRENT
 from serving.api.schema import ApiError
 from serving.api.triton_link import BadInput, NotReady, Overloaded, TimedOut, TritonError, TritonLink
+from serving.tracing import Tracing
 from settings import Deployment
 
 API = web.AppKey("api", object)
@@ -36,6 +37,7 @@ class Api:
         self.in_flight = 0
         self.created = int(time.time())
         self.stats = CallStats(port, [model.triton for model in models.all])
+        self.tracing = Tracing.of(deployment.tracing, "api")
         self.link: TritonLink | None = None
         self.session: aiohttp.ClientSession | None = None
         self._coalescers: dict[tuple[str, tuple[str, ...]], Coalescer] = {}
@@ -47,6 +49,8 @@ class Api:
         yield
         await self.link.close()
         await self.session.close()
+        if self.tracing is not None:
+            self.tracing.shutdown()
 
     def coalescer(self, model: ServedModel, outputs: tuple[str, ...]) -> Coalescer:
         key = (model.triton, outputs)

@@ -93,13 +93,20 @@ class TritonLink:
         )
 
     async def _call(
-        self, model: str, inputs: dict[str, Sequence[bytes]], outputs: Sequence[str], requests: int, request_id: str
+        self,
+        model: str,
+        inputs: dict[str, Sequence[bytes]],
+        outputs: Sequence[str],
+        requests: int,
+        request_id: str,
+        trace: dict[str, str],
     ) -> dict:
         if self.stats is not None:
             self.stats.count(model, len(next(iter(inputs.values()))), requests)
         try:
             request = tensors_infer_request(model, inputs, outputs, request_id)
-            data = await next(self._calls)(request, timeout=self.timeout_s, metadata=self._metadata)
+            metadata = (*(self._metadata or ()), *trace.items()) or None
+            data = await next(self._calls)(request, timeout=self.timeout_s, metadata=metadata)
         except grpc.aio.AioRpcError as exc:
             raise _error(exc) from None
         return decode_response(data)
@@ -113,18 +120,23 @@ class TritonLink:
         max_bytes: int,
         requests: int = 1,
         request_id: str = "",
+        trace: dict[str, str] | None = None,
     ) -> dict[str, np.ndarray]:
         """The model's `outputs` for rows of BYTES inputs already UTF-8 (every input one row per text), one
         output row per input row in order; split into requests of at most max_texts rows and max_bytes.
         `requests`: how many API requests the rows are (the Coalescer's), for the call statistics;
-        `request_id`: Triton's id of the call(s), for its logs and traces."""
+        `request_id`: Triton's id of the call(s), for its logs and traces; `trace`: W3C trace context headers
+        (serving/tracing.py) that make Triton's spans part of the caller's trace."""
+        trace = trace or {}
         rows = list(zip(*inputs.values(), strict=True))
         bounds = chunk_bounds([sum(map(len, row)) for row in rows], max_texts, max_bytes)
         if len(bounds) == 1:
-            return await self._call(model, inputs, outputs, requests, request_id)
+            return await self._call(model, inputs, outputs, requests, request_id, trace)
         parts = await asyncio.gather(
             *(
-                self._call(model, {name: values[bound] for name, values in inputs.items()}, outputs, 1, request_id)
+                self._call(
+                    model, {name: values[bound] for name, values in inputs.items()}, outputs, 1, request_id, trace
+                )
                 for bound in bounds
             )
         )

@@ -18,7 +18,8 @@ listens on server.http_port. For each request it
   check, which the key restricts its inference group to, would answer 403 with its own wording);
 - echoes each request's X-Request-Id (serving/request_id.py: the caller's if plain, else a new one) and puts
   it in its log lines about the request. (Triton's HTTP takes a request id only inside the JSON body,
-  which this front does not rewrite.)
+  which this front does not rewrite.);
+- with tracing on (serving/tracing.py), opens a span per request and passes its context to Triton.
 
 gRPC does not pass here: Triton's gRPC server took 8.3 MB messages without harm. `python -m
 serving.http_front` runs one worker; the launcher runs front.workers of them on one port (SO_REUSEPORT)
@@ -29,15 +30,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import re
-import sys
 
 import aiohttp
 from aiohttp import web
 
 from protocol.api_key import HEADER, accepted, api_key
+from serving.log import LOG_FORMATS, configure
 from serving.request_id import REQUEST_ID, request_id
+from serving.tracing import Tracing
+from settings.schema import TracingSettings
 
+log = logging.getLogger("front")
 BINARY_HEADER = "Inference-Header-Content-Length"  # Triton's binary tensor data extension
 # Not forwarded either way: connection-level headers, and those the front sets itself.
 DROPPED = frozenset(
@@ -60,6 +65,7 @@ UPSTREAM = web.AppKey("upstream", str)
 LIMIT = web.AppKey("limit", int)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 KEY = web.AppKey("key", object)  # the API key, or None
+TRACING = web.AppKey("tracing", object)  # serving/tracing.py's Tracing, or None
 
 
 class BodyError(Exception):
@@ -130,14 +136,18 @@ def infer_request_problem(body: bytes, binary_header: str | None) -> str | None:
 
 
 async def forward(request: web.Request) -> web.Response:
-    """The request to tritonserver and its answer back, with the request's id."""
-    identity = request_id(request.headers.get(REQUEST_ID))
-    response = await _forward(request, identity)
+    """The request to tritonserver and its answer back, with the request's id (and span, when tracing)."""
+    identity, tracing = request_id(request.headers.get(REQUEST_ID)), request.app[TRACING]
+    if tracing is None:
+        response = await _forward(request, identity, {})
+    else:
+        with tracing.request_span(f"{request.method} {request.path[:200]}", request.headers, identity) as trace:
+            response = await _forward(request, identity, trace)
     response.headers[REQUEST_ID] = identity
     return response
 
 
-async def _forward(request: web.Request, identity: str) -> web.Response:
+async def _forward(request: web.Request, identity: str, trace: dict[str, str]) -> web.Response:
     key = request.app[KEY]
     if key and INFER_PATH.match(request.path) and not accepted(request.headers.get(HEADER), key):
         refused = error(401, "a valid API key is required: send Authorization: Bearer <key>")
@@ -151,6 +161,7 @@ async def _forward(request: web.Request, identity: str) -> web.Response:
         return refused
     headers = {name: value for name, value in request.headers.items() if name.lower() not in DROPPED}
     headers.pop("Content-Encoding", None)  # the body was inflated as it was read
+    headers.update(trace)  # this front's span as the parent of Triton's
     binary_header = request.headers.get(BINARY_HEADER)
     if body:
         headers["Content-Type"] = "application/octet-stream" if binary_header is not None else "application/json"
@@ -162,7 +173,7 @@ async def _forward(request: web.Request, identity: str) -> web.Response:
             data = await upstream.read()
     except aiohttp.ClientConnectionError:
         where = f"{request.method} {request.path[:200]!r}"
-        print(f"front: request {identity} {where}: 503, tritonserver is not answering", file=sys.stderr)
+        log.error(f"request {identity} {where}: 503, tritonserver is not answering", extra={"request_id": identity})
         return error(503, "tritonserver is not running (the launcher is starting it again): retry shortly")
     status = upstream.status
     if status == 500 and request.method == "POST" and INFER_PATH.match(request.path):
@@ -180,9 +191,10 @@ def _error_text(data: bytes) -> str:
         return data[:200].decode(errors="replace")
 
 
-def make_app(upstream: str, max_body_bytes: int) -> web.Application:
+def make_app(upstream: str, max_body_bytes: int, tracing: Tracing | None = None) -> web.Application:
     """The front's aiohttp application: every path and method goes to tritonserver at upstream (host:port)."""
     app = web.Application(client_max_size=max_body_bytes)
+    app[TRACING] = tracing
     app[UPSTREAM] = f"http://{upstream}"
     app[LIMIT] = max_body_bytes
     app[KEY] = api_key()
@@ -201,17 +213,30 @@ def make_app(upstream: str, max_body_bytes: int) -> web.Application:
         ) as client:
             app[SESSION] = client
             yield
+        if tracing is not None:
+            tracing.shutdown()
 
     app.cleanup_ctx.append(session)
     app.router.add_route("*", "/{path:.*}", forward)
     return app
 
 
-def command(host: str, port: int, upstream_port: int, max_body_bytes: int) -> list[str]:
+def command(
+    host: str,
+    port: int,
+    upstream_port: int,
+    max_body_bytes: int,
+    log_format: str = "text",
+    tracing: TracingSettings | None = None,
+) -> list[str]:
     """One worker's command line (after the interpreter), as FrontWorkers runs it."""
+    traced = tracing is not None and tracing.endpoint
     return [
         "-m", "serving.http_front", "--host", host, "--port", str(port),
         "--upstream", f"127.0.0.1:{upstream_port}", "--max-body-bytes", str(max_body_bytes),
+        "--log-format", log_format,
+        *(["--trace-endpoint", tracing.endpoint, "--trace-sample-rate", str(tracing.sample_rate),
+           "--trace-service-name", tracing.service_name] if traced else []),
     ]  # fmt: skip
 
 
@@ -221,7 +246,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream", required=True, help="tritonserver's HTTP, host:port")
     parser.add_argument("--max-body-bytes", type=int, required=True)
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default="text", help="server.log_format (serving/log.py)")
+    parser.add_argument("--trace-endpoint", default="", help="tracing.endpoint (serving/tracing.py); none: off")
+    parser.add_argument("--trace-sample-rate", type=float, default=0.01, help="tracing.sample_rate")
+    parser.add_argument("--trace-service-name", default="bert-triton", help="tracing.service_name")
     args = parser.parse_args(argv)
-    app = make_app(args.upstream, args.max_body_bytes)
+    configure(args.log_format)
+    settings = TracingSettings(args.trace_endpoint, args.trace_sample_rate, args.trace_service_name)
+    app = make_app(args.upstream, args.max_body_bytes, Tracing.of(settings, "front"))
     # The launcher stops the front after tritonserver: whatever is still in flight then is answered 503 at once.
     web.run_app(app, host=args.host, port=args.port, reuse_port=True, access_log=None, print=None, shutdown_timeout=5)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import signal
 import sys
 import threading
@@ -30,8 +31,11 @@ from serving.launcher.shm import remove_orphaned_shm
 from serving.launcher.supervision import Supervisor
 from serving.launcher.triton_command import Ports, free_ports
 from serving.launcher.tritonserver import TritonServer
+from serving.log import LOG_FORMATS, configure
 from serving.processes import ServerError
 from settings import SettingsError, load_deployment
+
+log = logging.getLogger("launcher")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -48,6 +52,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--triton-metrics-port", type=int, help="tritonserver's own metrics on 127.0.0.1 (default: a free port)"
     )
+    parser.add_argument("--log-format", choices=LOG_FORMATS, help="default: server.log_format from the settings")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="a settings override")
     return parser.parse_args(argv)
 
 
@@ -68,8 +74,11 @@ def announcement(server: TritonServer, http_front: bool, api_front: bool) -> str
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    configure("text")  # until the settings say otherwise: a refused settings file is said as text
     try:
-        settings = load_deployment(args.settings)
+        overrides = [*args.set, *([f'server.log_format="{args.log_format}"'] if args.log_format else [])]
+        settings = load_deployment(args.settings, overrides)
+        configure(settings.server.log_format)
         defaults = Ports.of(settings)
         names = ("http", "grpc", "metrics", "health", "triton_http")
         ports = Ports(*(getattr(args, f"{n}_port") or getattr(defaults, n) for n in names))
@@ -78,23 +87,23 @@ def main(argv: list[str] | None = None) -> int:
         server = TritonServer(settings, args.repository, ports, args.host, console_log=True)
         server.command()  # refuse a bad repository or stub interpreter before anything starts
     except (SettingsError, ServerError) as exc:
-        print(f"serve failed: {exc}", file=sys.stderr)
+        log.error(f"serve failed: {exc}")
         return 1
     supervisor = Supervisor(server)
 
     def on_signal(signum, _frame) -> None:
-        print(f"launcher: {signal.Signals(signum).name}: draining", flush=True)
+        log.info(f"{signal.Signals(signum).name}: draining")
         threading.Thread(target=supervisor.drain, name="drain", daemon=True).start()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     removed = remove_orphaned_shm()
     if removed:
-        print(f"launcher: removed {len(removed)} shared-memory regions that dead stubs left in /dev/shm", flush=True)
+        log.info(f"removed {len(removed)} shared-memory regions that dead stubs left in /dev/shm")
     try:  # the launcher's own port first: /ready says 503 until Triton is up
         health = HealthEndpoint(server.host, ports.health, supervisor)
     except ServerError as exc:
-        print(f"serve failed: {exc}", file=sys.stderr)
+        log.error(f"serve failed: {exc}")
         return 1
     threading.Thread(target=health.serve_forever, name="health", daemon=True).start()
     metrics = None
@@ -106,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             if ports.api:
                 supervisor.fronts["api"] = start_api_front(server, settings)
         except RuntimeError as exc:  # a busy port (ServerError), or a front that did not come up
-            print(f"serve failed: {exc}", file=sys.stderr)
+            log.error(f"serve failed: {exc}")
             return 1
         supervisor.announcement = announcement(server, "http" in supervisor.fronts, "api" in supervisor.fronts)
         return supervisor.run()

@@ -4,6 +4,7 @@ HTTP front on server.http_port, the API front's workers on api.port, and the met
 
 from __future__ import annotations
 
+import logging
 import threading
 
 from serving.api import app as api_front
@@ -14,13 +15,18 @@ from serving.processes import require_free_port
 from serving.workers import FrontWorkers
 from settings import Deployment
 
+log = logging.getLogger("launcher")
+
 
 def start_http_front(server: TritonServer, settings: Deployment) -> FrontWorkers:
     """The HTTP front's workers on server.http_port, before tritonserver's own HTTP on loopback."""
     require_free_port(server.host, server.ports.http, "server.http_port")
     server.check_ports()
     front = settings.front
-    arguments = http_front.command(server.host, server.ports.http, server.ports.triton_http, front.max_body_bytes)
+    ports, log_format = server.ports, settings.server.log_format
+    arguments = http_front.command(
+        server.host, ports.http, ports.triton_http, front.max_body_bytes, log_format, settings.tracing
+    )
     return FrontWorkers("HTTP front", arguments, front.workers, server.host, server.ports.http).start()
 
 
@@ -47,6 +53,6 @@ def start_metrics_port(server: TritonServer) -> MetricsProxy:
     server.check_ports()
     metrics_host, metrics_port = server.ports.triton_metrics_address(server.host)
     proxy = MetricsProxy(server.host, server.ports.metrics, (metrics_host, metrics_port))
-    print(f"launcher: {proxy.describe()}", flush=True)
+    log.info(f"{proxy.describe()}")
     threading.Thread(target=proxy.serve_forever, name="metrics", daemon=True).start()
     return proxy

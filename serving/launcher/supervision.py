@@ -5,9 +5,9 @@ thread waits in short steps, so that a signal another thread received runs its h
 
 from __future__ import annotations
 
+import logging
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from serving.launcher.tritonserver import TritonServer
 from serving.processes import ServerError
 from serving.workers import FrontWorkers
+
+log = logging.getLogger("launcher")
 
 
 @dataclass
@@ -139,31 +141,28 @@ class Supervisor:
                 if self.draining:
                     return 0
                 if not self.came_up:
-                    print(f"serve failed: {exc}", file=sys.stderr)
+                    log.error(f"serve failed: {exc}")
                     return 1
-                print(f"launcher: tritonserver did not come back: {exc}", flush=True)
+                log.info(f"tritonserver did not come back: {exc}")
             else:
                 self.came_up = True
-                print(self.announcement, flush=True)
+                log.info(self.announcement)
             code = wait_for_exit(server.process)
             server.reap()
-            print(f"launcher: tritonserver exited with {describe_exit(code)}", flush=True)
+            log.info(f"tritonserver exited with {describe_exit(code)}")
             if self.draining:
                 return exit_status(code)
             delay = self.restarts.record()
             if delay is None:
                 deaths, window = len(self.restarts.recent), settings.restart_window_s
-                print(
-                    f"launcher: tritonserver died {deaths} times within {window:.0f} s (server.max_restarts = "
-                    f"{settings.max_restarts}): giving up; the last exit was {describe_exit(code)}, see its log above",
-                    file=sys.stderr,
-                    flush=True,
+                log.error(
+                    f"tritonserver died {deaths} times within {window:.0f} s (server.max_restarts = "
+                    f"{settings.max_restarts}): giving up; the last exit was {describe_exit(code)}, see its log above"
                 )
                 return exit_status(code) or 1
-            print(
-                f"launcher: starting tritonserver again in {delay:.0f} s (restart {len(self.restarts.recent)} of at "
-                f"most {settings.max_restarts} within {settings.restart_window_s:.0f} s); /ready answers 503 meanwhile",
-                flush=True,
+            log.warning(
+                f"starting tritonserver again in {delay:.0f} s (restart {len(self.restarts.recent)} of at "
+                f"most {settings.max_restarts} within {settings.restart_window_s:.0f} s); /ready answers 503 meanwhile"
             )
             if wait_for_event(self.stopping, delay):
                 return 0

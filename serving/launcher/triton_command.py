@@ -9,6 +9,7 @@ from pathlib import Path
 from protocol.api_key import HEADER, bearer
 from serving.launcher.watchdog import ADMIN_HEADER
 from settings import Deployment, Settings
+from settings.schema import TracingSettings
 
 # Python backend shared-memory pool per model instance: large enough for a full dynamic batch of
 # token ids and embeddings without growing it request by request.
@@ -84,10 +85,12 @@ def server_command(
     admin_key: str | None = None,
     uses_gpus: bool = False,
     api_key: str | None = None,
+    tracing: TracingSettings | None = None,
 ) -> list[str]:
     """tritonserver's flags; with admin_key, explicit model control so that the watchdog can reload a stage,
     and the repository API this opens restricted to requests carrying that per-launch key; with api_key (the
-    API key, protocol/api_key.py), inference over HTTP and gRPC restricted to requests carrying it."""
+    API key, protocol/api_key.py), inference over HTTP and gRPC restricted to requests carrying it; with a
+    tracing endpoint, OpenTelemetry traces of every request (serving/tracing.py)."""
     inference = f"inference:{HEADER}={bearer(api_key)}" if api_key else None
     control = [
         "--model-control-mode=explicit",
@@ -111,7 +114,22 @@ def server_command(
         "--strict-readiness=true",
         f"--exit-timeout-secs={exit_timeout_s}",
         "--log-verbose=0",
+        "--log-format=ISO8601",
         *(control if admin_key else []),
+        *(trace_flags(tracing) if tracing and tracing.endpoint else []),
         *([f"--http-restricted-api={inference}", f"--grpc-restricted-protocol={inference}"] if inference else []),
         *(CPU_ONLY_FLAGS if not uses_gpus else []),
+    ]
+
+
+def trace_flags(tracing: TracingSettings) -> list[str]:
+    """tritonserver's OpenTelemetry tracing towards the fronts' collector. Triton joins the trace of a request
+    whose context came with it, and samples 1 in `rate` of those without (a traceparent's flag aside)."""
+    rate = max(1, round(1 / tracing.sample_rate))
+    return [
+        "--trace-config=mode=opentelemetry",
+        f"--trace-config=opentelemetry,url={tracing.endpoint.rstrip('/')}/v1/traces",
+        f"--trace-config=opentelemetry,resource=service.name={tracing.service_name}-triton",
+        "--trace-config=level=TIMESTAMPS",
+        f"--trace-config=rate={rate}",
     ]

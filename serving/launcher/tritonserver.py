@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import secrets
 import signal
@@ -37,6 +38,8 @@ from serving.launcher.triton_install import (
 from serving.launcher.watchdog import StubWatchdog
 from serving.processes import ServerError, die_with_parent, require_free_port
 from settings import Deployment, Settings
+
+log = logging.getLogger("launcher")
 
 # CPU seconds the stubs may use while the server counts as idle (the metrics threads wake once a second).
 STUB_BUSY_CPU_S = 0.02
@@ -126,6 +129,7 @@ class TritonServer:
             self.admin_key,
             self.deployment.uses_gpus,
             api_key(),
+            self.deployment.tracing,
         )
         return command, env
 
@@ -152,10 +156,9 @@ class TritonServer:
         # Triton starts (the stubs) is in its process group, so reap() can end what outlives it.
         spawn = {"env": env, "preexec_fn": die_with_parent, "start_new_session": True}
         if not self.deployment.uses_gpus:
-            print(
-                "launcher: CPU only (encoder.gpus is empty): Triton still logs one line"
-                ' "CudaDriverHelper has not been initialized." here; it is harmless',
-                flush=True,
+            log.info(
+                "CPU only (encoder.gpus is empty): Triton still logs one line"
+                ' "CudaDriverHelper has not been initialized." here; it is harmless'
             )
         if self.log_path is None:
             self.process = subprocess.Popen(command, **spawn)
@@ -239,10 +242,7 @@ class TritonServer:
             waited = time.monotonic() - started
             why = "quiet" if quiet else f"the bound (server.exit_timeout_s = {bound})"
             exit_s = self.deployment.triton_exit_timeout_s
-            print(
-                f"launcher: drain: {why} after {waited:.1f} s; SIGTERM to tritonserver (exit timeout {exit_s} s)",
-                flush=True,
-            )
+            log.info(f"drain: {why} after {waited:.1f} s; SIGTERM to tritonserver (exit timeout {exit_s} s)")
             self.process.send_signal(signal.SIGTERM)
             signalled = time.monotonic()
             # Triton has its exit timeout to finish; one that crashed in its own shutdown can hang in its signal
@@ -250,9 +250,9 @@ class TritonServer:
             try:
                 code = self.process.wait(timeout=exit_s + 10)
                 took = time.monotonic() - signalled
-                print(f"launcher: tritonserver exited {took:.1f} s after SIGTERM (exit code {code})", flush=True)
+                log.info(f"tritonserver exited {took:.1f} s after SIGTERM (exit code {code})")
             except subprocess.TimeoutExpired:
-                print("launcher: tritonserver did not exit after SIGTERM; killing it", flush=True)
+                log.warning("tritonserver did not exit after SIGTERM; killing it")
                 self.process.kill()
 
     def _get_json(self, path: str) -> dict | None:

@@ -82,6 +82,7 @@ def test_api_front_runs_as_a_container_of_its_own(chart, settings):
     assert args["--grpc"] == f"127.0.0.1:{h200.server.grpc_port}" and args["--port"] == str(h200.api.port)
     assert args["--ready-url"] == f"http://127.0.0.1:{server.health_port}/ready"
     assert args["--workers"] == str(h200.api.workers) and args["--repository"] == "/bundle/repository"
+    assert args["--set"] == 'server.log_format="json"', "the chart's default log format, as the launcher's"
     assert api["ports"] == [{"name": "api", "containerPort": h200.api.port, "protocol": "TCP"}]
     assert api["readinessProbe"]["httpGet"] == {"path": "/health", "port": "api"}
     (key,) = api["env"]
@@ -117,7 +118,7 @@ def test_single_gpu_overlay_pins_the_gpu_product(chart):
     assert {m["mountPath"]: m.get("subPath") for m in container["volumeMounts"]}["/bundle"] == "bert-base-h200"
     assert container["args"] == [
         "--settings", "/etc/bert-triton/settings.toml", "--repository", "/bundle/repository", "--host", "0.0.0.0",
-        "--api-port", "0",
+        "--log-format", "json", "--api-port", "0",
     ]  # fmt: skip
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["TRITONSERVER_EXTRA_ARGS"] == "--metrics-config=summary_latencies=true"

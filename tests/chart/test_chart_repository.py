@@ -59,6 +59,34 @@ def test_object_store_with_an_api_key_restricts_inference_as_the_launcher_does(c
     assert any(entry["name"] == "BERT_TRITON_API_KEY" for entry in container["env"])
 
 
+def test_tracing_reaches_the_launcher_the_api_front_and_an_object_store_tritonserver(chart):
+    tracing = {"endpoint": "http://otel-collector.observability:4318", "sampleRate": 0.05, "serviceName": "rag"}
+    overrides = [
+        "--set", 'tracing.endpoint="http://otel-collector.observability:4318"',
+        "--set", "tracing.sample_rate=0.05", "--set", 'tracing.service_name="rag"',
+    ]  # fmt: skip
+    api = [c for c in pod_spec(render(chart, {**overlay("api-front"), "tracing": tracing}))["containers"]]
+    for container in api:
+        args = container["args"]
+        assert any(args[i : i + len(overrides)] == overrides for i in range(len(args))), container["name"]
+    values = copy.deepcopy(overlay("cpu"))
+    values["tracing"] = tracing
+    container = server_container(render(chart, values))
+    settings = load_settings(ROOT / "settings" / "defaults.toml", [f'tracing.{k}' for k in (
+        'endpoint="http://otel-collector.observability:4318"', "sample_rate=0.05", 'service_name="rag"')])  # fmt: skip
+    launcher = server_command(
+        Path("/opt/tritonserver/bin/tritonserver"),
+        Path("/repository"),
+        Path("/opt/tritonserver/backends"),
+        dataclasses.replace(Ports.of(settings), triton_http=0),
+        "0.0.0.0",
+        Deployment.of(settings).triton_exit_timeout_s,
+        tracing=settings.tracing,
+    )[1:]
+    assert container["args"][1:] == launcher[1:]
+    assert "--trace-config=rate=20" in launcher
+
+
 def test_gcs_credentials_come_as_a_mounted_key_file(chart):
     values = copy.deepcopy(overlay("cpu"))
     values["modelRepository"]["objectStore"] = {

@@ -137,6 +137,8 @@ def test_versions_agree_with_versions_env():
             assert pinned == pins[package], package
     assert VERSIONS["LOCUST_IMAGE"].endswith(f":{pins['locust']}")
     assert VERSIONS["AIOHTTP_VERSION"] == pins["aiohttp"]
+    otel = VERSIONS["OPENTELEMETRY_VERSION"]
+    assert otel == pins["opentelemetry-sdk"] == pins["opentelemetry-exporter-otlp-proto-http"]
 
     # The chart.
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())

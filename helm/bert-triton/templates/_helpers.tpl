@@ -367,3 +367,20 @@ and the helm test. Renders nothing without a Secret.
       key: {{ $.Values.apiKey.secretKey }}
 {{- end }}
 {{- end }}
+
+{{/*
+The chart's tracing values as settings overrides (serving/tracing.py), for the launcher and the API front:
+nothing while tracing.endpoint is empty (the embedded settings' [tracing] then holds).
+*/}}
+{{- define "bert-triton.tracingArgs" -}}
+{{- with .Values.tracing }}
+{{- if .endpoint }}
+- --set
+- tracing.endpoint={{ .endpoint | quote }}
+- --set
+- tracing.sample_rate={{ .sampleRate }}
+- --set
+- tracing.service_name={{ .serviceName | quote }}
+{{- end }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,41 @@
+"""The log of the launcher and of both fronts: one line per event, as server.log_format asks.
+
+    text   `component: message` (what a terminal shows; the default)
+    json   one JSON object per line: time (ISO 8601, UTC, milliseconds), level, component, message, and
+           request_id where the line is about one request (what a log pipeline parses; the chart's default)
+
+Each process calls configure() once at its start; a module logs through logging.getLogger(component), and a
+line about a request passes extra={"request_id": id}. tritonserver's own lines are its own (ISO 8601 stamps,
+serving/launcher/triton_command.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import datetime, timezone
+
+LOG_FORMATS = ("text", "json")
+
+
+class JsonLines(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line = {
+            "time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "component": record.name,
+            "message": record.getMessage(),
+        }
+        if getattr(record, "request_id", None):
+            line["request_id"] = record.request_id
+        return json.dumps(line, ensure_ascii=False)
+
+
+def configure(log_format: str) -> None:
+    """This process's log lines go to stdout in `log_format` (text or json)."""
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(JsonLines() if log_format == "json" else logging.Formatter("%(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
