@@ -4,9 +4,9 @@
     json   one JSON object per line: time (ISO 8601, UTC, milliseconds), level, component, message, and
            request_id where the line is about one request (what a log pipeline parses; the chart's default)
 
-Each process calls configure() once at its start; a module logs through logging.getLogger(component), and a
-line about a request passes extra={"request_id": id}. tritonserver's own lines are its own (ISO 8601 stamps,
-serving/launcher/triton_command.py).
+Errors go to stderr, the rest to stdout. Each process calls configure() once at its start; a module logs
+through logging.getLogger(component), and a line about a request passes extra={"request_id": id}.
+tritonserver's own lines are its own (ISO 8601 stamps, serving/launcher/triton_command.py).
 """
 
 from __future__ import annotations
@@ -33,9 +33,13 @@ class JsonLines(logging.Formatter):
 
 
 def configure(log_format: str) -> None:
-    """This process's log lines go to stdout in `log_format` (text or json)."""
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(JsonLines() if log_format == "json" else logging.Formatter("%(name)s: %(message)s"))
+    """This process's log lines in `log_format` (text or json): errors on stderr, the rest on stdout."""
+    formatter = JsonLines() if log_format == "json" else logging.Formatter("%(name)s: %(message)s")
+    out, err = logging.StreamHandler(sys.stdout), logging.StreamHandler(sys.stderr)
+    out.addFilter(lambda record: record.levelno < logging.ERROR)
+    err.setLevel(logging.ERROR)
+    for handler in (out, err):
+        handler.setFormatter(formatter)
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.handlers[:] = [out, err]
     root.setLevel(logging.INFO)

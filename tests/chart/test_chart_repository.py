@@ -14,22 +14,27 @@ from tests.chart.helm import GPU, overlay, pod_spec, render, server_container
 # ---------------------------------------------------------------------------------------------------------
 # Model repository: object store, TensorRT engine build
 # ---------------------------------------------------------------------------------------------------------
+def object_store_flags(settings, **extra) -> list[str]:
+    """The launcher's tritonserver flags for an object store (no binary): no launcher, hence no watchdog, no
+    admin key, no explicit model control, and no HTTP front (Triton's HTTP is the port)."""
+    return server_command(
+        Path("/opt/tritonserver/bin/tritonserver"),
+        Path("/repository"),
+        Path("/opt/tritonserver/backends"),
+        dataclasses.replace(Ports.of(settings), triton_http=0),
+        "0.0.0.0",
+        Deployment.of(settings).triton_exit_timeout_s,
+        **extra,
+    )[1:]
+
+
 def test_object_store_runs_tritonserver_with_the_launchers_flags(chart):
     values = overlay("cpu")
     objects = render(chart, values)
     container = server_container(objects)
     assert container["command"] == ["/opt/nvidia/nvidia_entrypoint.sh", "/opt/bert-triton/docker/tritonserver.sh"]
     uri = values["modelRepository"]["objectStore"]["uri"]
-    settings = load_settings(ROOT / "settings" / "defaults.toml")
-    # Without the launcher there is no watchdog, hence no admin key and no explicit model control.
-    launcher = server_command(
-        Path("/opt/tritonserver/bin/tritonserver"),
-        Path("/repository"),
-        Path("/opt/tritonserver/backends"),
-        dataclasses.replace(Ports.of(settings), triton_http=0),  # and no HTTP front: Triton's HTTP is the port
-        "0.0.0.0",
-        Deployment.of(settings).triton_exit_timeout_s,
-    )[1:]
+    launcher = object_store_flags(load_settings(ROOT / "settings" / "defaults.toml"))
     assert launcher[0] == "--model-repository=/repository"
     assert container["args"] == [f"--model-repository={uri}", *launcher[1:]]
     assert container["envFrom"] == [{"secretRef": {"name": "bert-triton-s3"}}]
@@ -45,16 +50,8 @@ def test_object_store_with_an_api_key_restricts_inference_as_the_launcher_does(c
     values = copy.deepcopy(overlay("cpu"))
     values["apiKey"] = {"secret": "bert-api-key", "secretKey": "api-key"}
     container = server_container(render(chart, values))
-    settings = load_settings(ROOT / "settings" / "defaults.toml")
-    launcher = server_command(
-        Path("/opt/tritonserver/bin/tritonserver"),
-        Path("/repository"),
-        Path("/opt/tritonserver/backends"),
-        dataclasses.replace(Ports.of(settings), triton_http=0),
-        "0.0.0.0",
-        Deployment.of(settings).triton_exit_timeout_s,
-        api_key="$(BERT_TRITON_API_KEY)",  # Kubernetes puts the Secret's value there when the container starts
-    )[1:]
+    # Kubernetes puts the Secret's value where $(BERT_TRITON_API_KEY) stands when the container starts.
+    launcher = object_store_flags(load_settings(ROOT / "settings" / "defaults.toml"), api_key="$(BERT_TRITON_API_KEY)")
     assert container["args"][1:] == launcher[1:]
     assert any(entry["name"] == "BERT_TRITON_API_KEY" for entry in container["env"])
 
@@ -74,15 +71,7 @@ def test_tracing_reaches_the_launcher_the_api_front_and_an_object_store_tritonse
     container = server_container(render(chart, values))
     settings = load_settings(ROOT / "settings" / "defaults.toml", [f'tracing.{k}' for k in (
         'endpoint="http://otel-collector.observability:4318"', "sample_rate=0.05", 'service_name="rag"')])  # fmt: skip
-    launcher = server_command(
-        Path("/opt/tritonserver/bin/tritonserver"),
-        Path("/repository"),
-        Path("/opt/tritonserver/backends"),
-        dataclasses.replace(Ports.of(settings), triton_http=0),
-        "0.0.0.0",
-        Deployment.of(settings).triton_exit_timeout_s,
-        tracing=settings.tracing,
-    )[1:]
+    launcher = object_store_flags(settings, tracing=settings.tracing)
     assert container["args"][1:] == launcher[1:]
     assert "--trace-config=rate=20" in launcher
 

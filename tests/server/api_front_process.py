@@ -1,4 +1,5 @@
-"""An API front worker process on a free port in front of a test server, as the launcher runs its workers."""
+"""An API front worker process on a free port in front of a test server, as the launcher runs its workers, and
+the sentences the API tests send (short and long, several scripts, an empty one)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,15 @@ from serving.api.app import command
 from serving.launcher.triton_command import free_ports
 from serving.workers import FrontWorkers
 from settings import DEFAULT_SETTINGS
+
+SENTENCES = [
+    "A man is playing a guitar.",
+    "The new movie is awesome",
+    "Il pleut des cordes à Paris ce matin.",
+    "",
+    "深度学习模型需要大量的数据。",
+    "The quick brown fox jumps over the lazy dog. " * 40,  # truncated to max_tokens
+]
 
 
 class Front:

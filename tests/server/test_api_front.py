@@ -18,16 +18,7 @@ from common.hf_tokenizer import load_tokenizer
 from protocol.api_key import API_KEY_ENV
 from serving.launcher.harness import local_server
 from serving.launcher.triton_command import free_ports
-from tests.server.api_front_process import Front, urls
-
-SENTENCES = [
-    "A man is playing a guitar.",
-    "The new movie is awesome",
-    "Il pleut des cordes à Paris ce matin.",
-    "",
-    "深度学习模型需要大量的数据。",
-    "The quick brown fox jumps over the lazy dog. " * 40,  # truncated to max_tokens
-]
+from tests.server.api_front_process import SENTENCES, Front, urls
 
 
 @pytest.fixture(scope="module")
