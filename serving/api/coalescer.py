@@ -131,19 +131,20 @@ class Coalescer:
         try:
             inputs = {name: [value for request in batch for value in request.inputs[name]] for name in batch[0].inputs}
             ids = ",".join(request.id for request in batch)[:MAX_ID_CHARS]
+            trace = next((request.trace for request in batch if request.trace), {})  # the first traced one's
             try:
-                trace = next((request.trace for request in batch if request.trace), {})  # the first traced one's
-                outputs = await self.link.infer(
-                    self.model, inputs, self.outputs, self.max_texts, self.max_bytes, len(batch), ids, trace
-                )
+                try:
+                    outputs = await self.link.infer(
+                        self.model, inputs, self.outputs, self.max_texts, self.max_bytes, len(batch), ids, trace
+                    )
+                finally:  # this call's time, before any retry below adds its own
+                    for request in batch:
+                        _timed(request.context, sent, sent - request.queued)
             except BadInput:
                 if len(batch) == 1:
                     raise
                 await asyncio.gather(*(self._alone(request) for request in batch))
                 return
-            finally:
-                for request in batch:
-                    _timed(request.context, sent, sent - request.queued)
             start = 0
             for request in batch:
                 if not request.answer.done():

@@ -29,7 +29,7 @@ from serving.launcher.fronts import start_api_front, start_http_front, start_met
 from serving.launcher.health import HealthEndpoint
 from serving.launcher.shm import remove_orphaned_shm
 from serving.launcher.supervision import Supervisor
-from serving.launcher.triton_command import Ports, free_ports
+from serving.launcher.triton_command import Ports, free_port_besides
 from serving.launcher.tritonserver import TritonServer
 from serving.log import LOG_FORMATS, configure
 from serving.processes import ServerError
@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         names = ("http", "grpc", "metrics", "health", "triton_http")
         ports = Ports(*(getattr(args, f"{n}_port") or getattr(defaults, n) for n in names))
         ports = dataclasses.replace(ports, api=defaults.api if args.api_port is None else args.api_port)
-        ports = dataclasses.replace(ports, triton_metrics=args.triton_metrics_port or free_ports(1)[0])
+        taken = set(dataclasses.astuple(ports))  # chosen, maybe not bound yet: never Triton's metrics port too
+        ports = dataclasses.replace(ports, triton_metrics=args.triton_metrics_port or free_port_besides(taken))
         server = TritonServer(settings, args.repository, ports, args.host, console_log=True)
         server.command()  # refuse a bad repository or stub interpreter before anything starts
     except (SettingsError, ServerError) as exc:

@@ -64,6 +64,14 @@ class Ports:
         return ("127.0.0.1", self.triton_metrics) if self.triton_metrics else (host, self.metrics)
 
 
+def free_port_besides(taken: set[int]) -> int:
+    """A port nothing listens on now and not among `taken`: ports chosen for this server but not yet bound
+    are free to the kernel too, and it hands them out again."""
+    while (port := free_ports(1)[0]) in taken:
+        pass
+    return port
+
+
 def free_ports(count: int) -> list[int]:
     """`count` distinct ports on 127.0.0.1 that nothing listens on now."""
     sockets = [socket.socket() for _ in range(count)]
