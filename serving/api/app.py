@@ -42,6 +42,7 @@ from serving.api.schema import ApiError
 from serving.api.service import API, Api, answer, api_of
 from serving.log import configure
 from serving.request_id import REQUEST_ID, request_id
+from serving.tracing import request_span
 from serving.workers import FrontWorkers
 from settings import load_deployment
 
@@ -86,17 +87,14 @@ async def guard(request: web.Request, handler) -> web.StreamResponse:
     cors = cors_headers(request.headers.get("Origin"), api.deployment.api.cors_allow_origins)
     if cors and is_preflight(request.method, request.headers):
         return web.Response(status=204, headers={**cors, **PREFLIGHT})
-    if api.tracing is None:
-        response = await checked(request, handler, api)
-    else:
-        with api.tracing.request_span(f"{request.method} {request.path[:200]}", request.headers, context.id) as trace:
-            context.trace = trace
-            response = await checked(request, handler, api)
+    with request_span(api.tracing, f"{request.method} {request.path[:200]}", request.headers, context.id) as trace:
+        context.trace = trace
+        response = await checked(request, handler, api, context)
     response.headers.update({**context.headers(), **cors})
     return response
 
 
-async def checked(request: web.Request, handler, api: Api) -> web.StreamResponse:
+async def checked(request: web.Request, handler, api: Api, context: RequestContext) -> web.StreamResponse:
     """The checks every route shares, in order: key, body size, concurrency; then errors in OpenAI's shape,
     the server's (5xx) logged with the request's id."""
     settings = api.deployment.api
@@ -115,7 +113,6 @@ async def checked(request: web.Request, handler, api: Api) -> web.StreamResponse
             api.in_flight -= 1
     except ApiError as exc:
         if exc.status >= 500:
-            context = CURRENT.get()
             where = f"{request.method} {request.path[:200]!r}"
             log.error(f"request {context.id} {where}: {exc.status} {exc}", extra={"request_id": context.id})
         headers = {"Retry-After": "1"} if exc.status in (429, 503) else None

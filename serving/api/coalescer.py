@@ -107,6 +107,9 @@ class Coalescer:
 
     def _window_closed(self) -> None:
         self._timer = None
+        self._send_while_free()
+
+    def _send_while_free(self) -> None:
         while self._queue and self._in_flight < self.max_calls:
             self._send()
 
@@ -157,8 +160,7 @@ class Coalescer:
                     request.answer.set_exception(exc)
         finally:
             self._in_flight -= 1
-            while self._queue and self._in_flight < self.max_calls:  # they waited for this call already
-                self._send()
+            self._send_while_free()  # what queued meanwhile waited for this call already
 
     async def _direct(self, request: _Request) -> dict[str, np.ndarray]:
         started = time.perf_counter()

@@ -31,7 +31,7 @@ class Api:
     def __init__(
         self, deployment: Deployment, models: Models, port: int, grpc_target: str, ready_url: str, metrics_url: str
     ):
-        self.deployment, self.models, self.port = deployment, models, port
+        self.deployment, self.models = deployment, models
         self.grpc_target, self.ready_url, self.metrics_url = grpc_target, ready_url, metrics_url
         self.api_key = api_key()
         self.in_flight = 0

@@ -83,7 +83,7 @@ class TritonLink:
         self, target: str, channels: int, timeout_s: float, stats: CallStats | None = None, key: str | None = None
     ) -> None:
         self.timeout_s, self.stats = timeout_s, stats
-        self._metadata = tuple(headers(key, "grpc").items()) or None  # Triton's inference group asks for the key too
+        self._key = tuple(headers(key, "grpc").items())  # Triton's inference group asks for the key too
         self._channels = [grpc.aio.insecure_channel(target, options=GRPC_CHANNEL_ARGS) for _ in range(channels)]
         self._calls = itertools.cycle(
             [
@@ -105,7 +105,7 @@ class TritonLink:
             self.stats.count(model, len(next(iter(inputs.values()))), requests)
         try:
             request = tensors_infer_request(model, inputs, outputs, request_id)
-            metadata = (*(self._metadata or ()), *trace.items()) or None
+            metadata = (*self._key, *trace.items()) or None
             data = await next(self._calls)(request, timeout=self.timeout_s, metadata=metadata)
         except grpc.aio.AioRpcError as exc:
             raise _error(exc) from None

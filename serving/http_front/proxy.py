@@ -39,7 +39,7 @@ from aiohttp import web
 from protocol.api_key import HEADER, accepted, api_key
 from serving.log import LOG_FORMATS, configure
 from serving.request_id import REQUEST_ID, request_id
-from serving.tracing import Tracing
+from serving.tracing import Tracing, request_span
 from settings.schema import TracingSettings
 
 log = logging.getLogger("front")
@@ -137,12 +137,10 @@ def infer_request_problem(body: bytes, binary_header: str | None) -> str | None:
 
 async def forward(request: web.Request) -> web.Response:
     """The request to tritonserver and its answer back, with the request's id (and span, when tracing)."""
-    identity, tracing = request_id(request.headers.get(REQUEST_ID)), request.app[TRACING]
-    if tracing is None:
-        response = await _forward(request, identity, {})
-    else:
-        with tracing.request_span(f"{request.method} {request.path[:200]}", request.headers, identity) as trace:
-            response = await _forward(request, identity, trace)
+    identity = request_id(request.headers.get(REQUEST_ID))
+    name = f"{request.method} {request.path[:200]}"
+    with request_span(request.app[TRACING], name, request.headers, identity) as trace:
+        response = await _forward(request, identity, trace)
     response.headers[REQUEST_ID] = identity
     return response
 
