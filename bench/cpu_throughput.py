@@ -18,10 +18,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import grpc
+import numpy as np
 import torch
 from tritonclient.grpc import service_pb2
 
 from bench.e2e_bench import parse_shapes
+from common.engine_choice import choose_engine
 from export.checkpoint import resolve_source
 from loadtest.corpus import load_text
 from model_repository.generate import generate
@@ -46,38 +48,51 @@ def sentence_transformer(source: str, warm_up: list[str], batch_size: int):
     return model
 
 
-def encode_rate(model, texts: list[str], batch_size: int) -> float:
-    """texts/s of model.encode() on texts."""
+def encode_rate(model, texts: list[str], batch_size: int) -> tuple[float, np.ndarray]:
+    """(texts/s of model.encode() on texts, the embeddings)."""
     started = time.perf_counter()
-    model.encode(texts, batch_size=batch_size)
-    return len(texts) / (time.perf_counter() - started)
+    embeddings = model.encode(texts, batch_size=batch_size)
+    return len(texts) / (time.perf_counter() - started), embeddings
 
 
-def sentence_transformers_rate(source: str, texts: list[str], batch_size: int) -> float:
+def sentence_transformers_rate(source: str, texts: list[str], batch_size: int) -> tuple[float, np.ndarray]:
     return encode_rate(sentence_transformer(source, texts, batch_size), texts, batch_size)
 
 
-async def ensemble_rate(url: str, texts: list[str], per_request: int, concurrency: int) -> tuple[float, float]:
-    """(texts/s, client CPU us per request): `concurrency` requests in flight over one gRPC channel.
+def min_cosine(served: np.ndarray, reference: np.ndarray) -> float:
+    dot = (served * reference).sum(axis=1)
+    return float((dot / (np.linalg.norm(served, axis=1) * np.linalg.norm(reference, axis=1))).min())
+
+
+async def ensemble_rate(
+    url: str, texts: list[str], per_request: int, concurrency: int
+) -> tuple[float, float, np.ndarray]:
+    """(texts/s, client CPU us per request, the served embeddings in text order): `concurrency` requests in
+    flight over one gRPC channel.
 
     The client shares the cores it measures, so it is lean: each request is serialized before the clock
-    starts (client.core.model_infer_request) and sent as raw bytes; the answer is parsed and checked."""
-    requests = [model_infer_request("ensemble", texts[i : i + per_request]) for i in range(0, len(texts), per_request)]
+    starts (client.core.model_infer_request) and sent as raw bytes; the answer is parsed and checked, and its
+    bytes kept for after the clock."""
+    starts = range(0, len(texts), per_request)
+    requests = [model_infer_request("ensemble", texts[i : i + per_request]) for i in starts]
+    answers: list[bytes] = [b""] * len(requests)
     async with grpc.aio.insecure_channel(url, options=GRPC_CHANNEL_ARGS) as channel:
         infer = channel.unary_unary(MODEL_INFER, response_deserializer=service_pb2.ModelInferResponse.FromString)
         await infer(requests[0], timeout=120)
-        queue = iter(requests)
+        queue = iter(enumerate(requests))
 
         async def worker() -> None:
-            for request in queue:
+            for index, request in queue:
                 response = await infer(request, timeout=120)
                 if not response.outputs or response.outputs[0].shape[0] < 1:
                     raise RuntimeError(f"unexpected answer: {response}")
+                answers[index] = response.raw_output_contents[0]
 
         cpu, started = time.process_time(), time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu
-        return len(texts) / wall, cpu / len(requests) * 1e6
+    embeddings = np.frombuffer(b"".join(answers), dtype=np.float32).reshape(len(texts), -1)
+    return len(texts) / wall, cpu / len(requests) * 1e6, embeddings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,15 +109,19 @@ def main(argv: list[str] | None = None) -> int:
     settings = load_settings(args.settings, args.set)
     texts = load_text()[: args.texts]
 
-    reference = sentence_transformers_rate(settings.model.source, texts, args.st_batch_size)
+    reference, expected = sentence_transformers_rate(settings.model.source, texts, args.st_batch_size)
     print(f"sentence-transformers encode(batch_size={args.st_batch_size}): {reference:.1f} texts/s", flush=True)
+    engine = settings.engine
+    choice = choose_engine(engine.kind, engine.precision, bool(settings.encoder.gpus))
+    print(f"served: {choice.describe()}", flush=True)
     runs = []
     bench_dir = settings.build_dir / "bench"
     # Its own repository, generated from these settings and overrides (not whatever `make repo` left).
     repository = generate(settings, settings.export_dir, bench_dir / "repository")
     with local_server(settings, repository, bench_dir) as server:
         for per_request, concurrency in parse_shapes(args.shapes):
-            rate, client_us = asyncio.run(ensemble_rate(server.grpc_url, texts, per_request, concurrency))
+            rate, client_us, served = asyncio.run(ensemble_rate(server.grpc_url, texts, per_request, concurrency))
+            cosine = min_cosine(served, expected)
             runs.append(
                 {
                     "texts_per_request": per_request,
@@ -110,11 +129,12 @@ def main(argv: list[str] | None = None) -> int:
                     "texts_per_s": round(rate, 1),
                     "ratio_vs_sentence_transformers": round(rate / reference, 2),
                     "client_cpu_us_per_request": round(client_us, 1),
+                    "min_cosine_to_sentence_transformers": round(cosine, 6),
                 }
             )
             print(
                 f"ensemble {per_request} text(s)/request x {concurrency} in flight: {rate:.1f} texts/s "
-                f"= {rate / reference:.2f}x",
+                f"= {rate / reference:.2f}x, cosine to sentence-transformers >= {cosine:.6f}",
                 flush=True,
             )
     result = {
@@ -125,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
         "topology": settings.topology,
         "overrides": args.set,
         "model": settings.model.name,
-        "engine": settings.engine.kind,
+        "engine": choice.kind,
+        "precision": choice.precision,
+        "engine_choice": choice.reason,
         "texts": len(texts),
         "sentence_transformers_texts_per_s": round(reference, 1),
         "ensemble": runs,

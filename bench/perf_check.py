@@ -85,7 +85,7 @@ def measure(settings_path: str | None, overrides: list[str], texts: list[str], s
             asyncio.run(ensemble_rate(server.grpc_url, texts[:64], per_request, concurrency))
 
         def reference() -> float:
-            return encode_rate(model, texts, 32)
+            return encode_rate(model, texts, 32)[0]
 
         result = interleaved(loads, served, reference, rounds, reference())
     return {
@@ -98,15 +98,14 @@ def measure(settings_path: str | None, overrides: list[str], texts: list[str], s
 
 def engine_batches(settings, texts: list[str], batch: int):
     """The settings' engine on encoder.gpus[0], and the texts tokenized once into batches of packed ids."""
+    from bench.engine_workload import settings_engine
     from common.hf_tokenizer import load_tokenizer
-    from model_repository.stages.engines import load_engine
 
     export = settings.export_dir
     tokenizer = load_tokenizer(export / "tokenizer.json", settings.model.max_tokens)
     ids = [np.array(encoding.ids, dtype=np.int32) for encoding in tokenizer.encode_batch(texts)]
     batches = [ids[i : i + batch] for i in range(0, len(ids) - batch + 1, batch)]
-    options = {"precision": settings.engine.precision, **settings.engine.options}
-    return load_engine(settings.engine.kind, export, f"cuda:{settings.encoder.gpus[0]}", options), batches
+    return settings_engine(settings, f"cuda:{settings.encoder.gpus[0]}"), batches
 
 
 def engine_rate(engine, batches) -> float:

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.e2e_bench import RERANK_QUERY, bench_workspace, parse_shapes, perf_analyzer_input, run_perf_analyzer
-from bench.engine_workload import time_calls
+from bench.engine_workload import settings_engine, time_calls
 from model_repository.generate import generate
 from serving.launcher.harness import local_server
 from settings import Deployment, Settings, load_deployment
@@ -39,7 +39,6 @@ def engine_alone(settings: Settings, texts: list[str], batch: int = 64) -> float
     if not settings.encoder.gpus:
         return None
     from common.hf_tokenizer import load_tokenizer
-    from model_repository.stages.engines import load_engine
 
     tokenizer = load_tokenizer(settings.export_dir / "tokenizer.json", settings.model.max_tokens)
     rerank = settings.model.task == "rerank"
@@ -50,8 +49,7 @@ def engine_alone(settings: Settings, texts: list[str], batch: int = 64) -> float
         rows = Pairs(np.array(e.ids, dtype=np.int32) for e in encodings)
         rows.types = [np.array(e.type_ids, dtype=np.int32) for e in encodings]
         batches.append(rows)
-    options = {"precision": settings.engine.precision, **settings.engine.options}
-    engine = load_engine(settings.engine.kind, settings.export_dir, f"cuda:{settings.encoder.gpus[0]}", options)
+    engine = settings_engine(settings, f"cuda:{settings.encoder.gpus[0]}")
     run = (lambda rows: engine.forward(rows, rows.types)) if rerank else engine.forward
     return round(time_calls(run, batches, min_calls=50, min_seconds=3.0)["seq_per_s"], 1)
 

@@ -7,7 +7,8 @@
 #   docker build -f docker/server.Dockerfile --build-arg WITH_TORCH=1 -t bert-triton-server:0.1.0-ngc24.10-torch .
 #
 # WITH_TORCH=1 adds torch and safetensors for engine.kind = "torch" (several GiB); onnxruntime_cpu and
-# tensorrt need neither. The model repository is not in the image: mount it (compose, a PVC) at /models.
+# tensorrt need neither. engine.kind "auto" on a CPU serves bf16 GEMMs on AMX / AVX-512 BF16 only in the image
+# with torch, onnxruntime_cpu in the one without (common/engine_choice.py). The model repository is not in the image: mount it (compose, a PVC) at /models.
 ARG TRITONSERVER_IMAGE=nvcr.io/nvidia/tritonserver:24.10-py3
 FROM ${TRITONSERVER_IMAGE}
 

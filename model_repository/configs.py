@@ -14,6 +14,7 @@ from settings.tensorrt_profiles import graph_batches, profiles
 WARMUP_TEXT = "Warm-up request: the first real request should not pay for lazy initialization."
 # Files each engine kind needs from the export folder, beside serving.json.
 ENGINE_FILES = {
+    "auto": ("model.onnx", "config.json", "model.safetensors"),  # either engine: the stage decides when it loads
     "onnxruntime_cpu": ("model.onnx",),
     "torch": ("config.json", "model.safetensors"),
     "tensorrt": ("model.plan", "model.plan.json"),

@@ -29,8 +29,10 @@ def check(settings: Settings) -> None:
         raise SettingsError('engine.kind tensorrt is its own Triton model: it needs ensemble.topology "two_stage"')
     if not all(isinstance(value, str | int | float | bool) for value in engine.options.values()):
         raise SettingsError("engine.options takes names with plain values (strings, numbers, booleans)")
-    if engine.kind == "onnxruntime_cpu" and engine.precision != "fp32":
+    if engine.kind == "onnxruntime_cpu" and engine.precision not in ("fp32", "auto"):
         raise SettingsError("engine.kind onnxruntime_cpu runs fp32 only")
+    if engine.kind == "tensorrt" and engine.precision == "auto":
+        raise SettingsError("engine.kind tensorrt builds its plan at one precision: set engine.precision")
     if engine.precision in QUANTIZED and engine.kind != "tensorrt":
         raise SettingsError(f"engine.precision {engine.precision} needs engine.kind tensorrt")
     if not 2 <= model.max_tokens <= 512:
@@ -51,8 +53,9 @@ def check(settings: Settings) -> None:
         raise SettingsError("tokenizer.max_request_bytes must be at least tokenizer.max_text_bytes")
     if engine.kind == "tensorrt" and not settings.encoder.gpus:
         raise SettingsError("engine.kind tensorrt needs encoder.gpus, e.g. [0]")
-    if engine.kind == "torch" and not settings.encoder.gpus and engine.precision not in ("fp32", "bf16"):
-        raise SettingsError("engine.kind torch without encoder.gpus runs on the CPU: fp32, or bf16 GEMMs")
+    on_cpu = engine.kind in ("torch", "auto") and not settings.encoder.gpus
+    if on_cpu and engine.precision not in ("fp32", "bf16", "auto"):
+        raise SettingsError(f"engine.kind {engine.kind} without encoder.gpus runs on the CPU: fp32, bf16 GEMMs or auto")
     buckets = settings.tensorrt.sequence_buckets
     if list(buckets) != sorted(set(buckets)) or not buckets or buckets[0] < 2:
         raise SettingsError("tensorrt.sequence_buckets must be strictly increasing token counts >= 2")

@@ -13,15 +13,16 @@ ROOT = Path(__file__).resolve().parent.parent  # the project: build_dir and sett
 # embedding: pooled vectors; classification: a label and its scores; rerank: a cross-encoder's score for each
 # (query, text) pair (the first logit of its sequence-classification head).
 TASKS = ("embedding", "classification", "rerank")
-# The Python engines (model_repository/stages/engines ENGINES) and tensorrt, a plan served by Triton's TensorRT
-# backend. torch runs on the GPUs of encoder.gpus, or on the CPU without them.
-ENGINE_KINDS = ("onnxruntime_cpu", "torch", "tensorrt")
+# The Python engines (model_repository/stages/engines ENGINES), tensorrt, a plan served by Triton's TensorRT
+# backend, and auto, which the stage decides when it loads (common/engine_choice.py). torch runs on the GPUs of
+# encoder.gpus, or on the CPU without them.
+ENGINE_KINDS = ("auto", "onnxruntime_cpu", "torch", "tensorrt")
 # Old names, still read for one release with a warning: old name -> kind.
 RENAMED_ENGINE_KINDS = {"torch_gpu": "torch"}
 # one_stage: one Python model tokenizes and encodes (the Python engines); two_stage: tokenizer -> encoder, the
 # only way to reach a TensorRT encoder. auto picks one_stage where it can.
 TOPOLOGIES = ("auto", "one_stage", "two_stage")
-PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
+PRECISIONS = ("auto", "fp32", "fp16", "bf16", "int8", "fp8")  # auto: as engine.kind auto
 QUANTIZED = ("int8", "fp8")  # TensorRT only, from an ONNX model that already carries Q/DQ nodes
 
 

@@ -31,7 +31,7 @@ class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         exit_with_parent()  # a killed tritonserver leaves no stub behind (parent_watch.py)
         config, params, _ = model_config(args)
-        self.engine = engine_from_args(args, params)
+        self.engine = engine_from_args(args, params, pb_utils.Logger.log_info)
         self.output_name = self.engine.spec.output_name
         self._create_metrics(args, int(config["max_batch_size"]))
         gc.freeze()  # what loading made lives on: later collections need not scan it

@@ -4,9 +4,11 @@ parameters, its version folder, and the engine they name."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from common.contract import OPTION_PREFIX
+from common.engine_choice import choose_engine
 
 from .engines import Engine, load_engine
 
@@ -22,15 +24,18 @@ def instance_count(config: dict) -> int:
     return sum(group["count"] for group in config["instance_group"])
 
 
-def engine_from_args(args: dict, params: dict) -> Engine:
+def engine_from_args(args: dict, params: dict, log: Callable[[str], None]) -> Engine:
     """The engine a stage instance runs: kind and options from its config's parameters (engine_kind, precision,
-    threads, and the settings' [engine] options as "engine.<name>"), device from the instance."""
+    threads, and the settings' [engine] options as "engine.<name>"), device from the instance; "auto" kind or
+    precision decided here (common/engine_choice.py) and the choice said through `log`."""
     device = "cpu"
     if args["model_instance_kind"] == "GPU":
         device = f"cuda:{args['model_instance_device_id']}"
     version_dir = Path(args["model_repository"]) / args["model_version"]
-    options = {key: params[key] for key in ("precision", "threads") if key in params}
+    choice = choose_engine(params["engine_kind"], params.get("precision", "auto"), device != "cpu")
+    log(f"{args['model_instance_name']}: {choice.describe()}")
+    options = {"precision": choice.precision, **({"threads": params["threads"]} if "threads" in params else {})}
     options.update(
         {key.removeprefix(OPTION_PREFIX): value for key, value in params.items() if key.startswith(OPTION_PREFIX)}
     )
-    return load_engine(params["engine_kind"], version_dir, device, options)
+    return load_engine(choice.kind, version_dir, device, options)

@@ -34,7 +34,7 @@ class TritonPythonModel:
         exit_with_parent()  # a killed tritonserver leaves no stub behind (parent_watch.py)
         config, params, version_dir = model_config(args)
         self.text = TextInput(version_dir, params, instance_count(config))
-        self.engine = engine_from_args(args, params)
+        self.engine = engine_from_args(args, params, pb_utils.Logger.log_info)
         spec = self.engine.spec
         self.labels = label_array(spec.labels) if spec.task == "classification" else None
         self.pairs = spec.pairs

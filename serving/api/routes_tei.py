@@ -9,6 +9,7 @@ import numpy as np
 from aiohttp import web
 
 from common.contract import QUERY_INPUT, SCORE_OUTPUT, TEXT_INPUT
+from common.engine_choice import choose_engine
 from serving.api.models import ServedModel
 from serving.api.routes_openai import embed_texts
 from serving.api.schema import (
@@ -155,9 +156,12 @@ def model_info(model: ServedModel) -> dict:
         model_type = {"reranker": {"id2label": {"0": "score"}}}
     else:
         model_type = {"embedding": {"pooling": spec.pooling, "dimensions": spec.output_size}}
+    engine = model.settings.engine
+    choice = choose_engine(engine.kind, engine.precision, bool(model.settings.encoder.gpus))
     return {
         "model_id": model.name,
-        "model_dtype": model.settings.engine.precision,
+        "model_dtype": choice.precision,
+        "engine": choice.kind,  # ours, beside TEI's fields: which engine the model's stage runs
         "model_type": model_type,
         "max_input_length": model.settings.model.max_tokens,
         "max_client_batch_size": model.limits.max_inputs,

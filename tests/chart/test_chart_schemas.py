@@ -136,7 +136,7 @@ def test_inconsistent_values_fail_with_a_reason(chart, values, message):
 def test_gpu_autoscaling_needs_settings_with_gpus(chart):
     values = {"autoscaling": {"enabled": True, "gpu": {"targetAverageUtilization": 70}}}
     cpu = {"settings": {"toml": (ROOT / "settings" / "defaults.toml").read_text()}}
-    with pytest.raises(helm_python.HelmRenderError, match=re.escape('needs GPUs: engine.kind "onnxruntime_cpu"')):
+    with pytest.raises(helm_python.HelmRenderError, match=re.escape('needs GPUs: engine.kind "auto"')):
         render(chart, {**cpu, **values})
 
 

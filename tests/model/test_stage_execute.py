@@ -43,7 +43,7 @@ class Backend:
         def __init__(self, **_) -> None:
             raise RuntimeError("no metrics outside Triton")
 
-    Logger = types.SimpleNamespace(log_warn=lambda message: None)
+    Logger = types.SimpleNamespace(log_warn=lambda message: None, log_info=lambda message: None)
 
     @staticmethod
     def get_input_tensor_by_name(request: dict, name: str):

@@ -104,8 +104,8 @@ def test_server_refuses_a_plan_for_another_gpu_or_tensorrt(trt_repository):
 @pytest.mark.skipif(HAVE_TENSORRT and HAVE_GPU, reason="TensorRT and a GPU are here: the real build runs instead")
 def test_make_engines_without_tensorrt_says_what_to_run(trt_settings, tmp_path):
     settings_file = tmp_path / "settings.toml"
-    text = trt_settings.path.read_text().replace('kind = "onnxruntime_cpu"', 'kind = "tensorrt"')
-    text = text.replace('precision = "fp32"', 'precision = "fp16"').replace("gpus = []", "gpus = [0]")
+    text = trt_settings.path.read_text().replace('kind = "auto"', 'kind = "tensorrt"')
+    text = text.replace('precision = "auto"', 'precision = "fp16"').replace("gpus = []", "gpus = [0]")
     settings_file.write_text(text.replace('build_dir = "build"', f'build_dir = "{trt_settings.server.build_dir}"'))
     run = subprocess.run([sys.executable, "-m", "export.tensorrt", "--settings", str(settings_file)],
                          capture_output=True, text=True, cwd=ROOT, timeout=300)  # fmt: skip

@@ -166,7 +166,7 @@ def test_the_torch_engine_serves_through_tritonserver_on_the_cpu(
     from model_repository.generate import generate
     from settings import load_settings
 
-    torch_settings = load_settings(None, ['engine.kind="torch"'])
+    torch_settings = load_settings(None, ['engine.kind="torch"', 'engine.precision="fp32"'])
     assert torch_settings.engine.kind == "torch" and not torch_settings.encoder.gpus
     root = generate(torch_settings, exported, tmp_path_factory.mktemp("torch_repo") / "repo")
     torch_server = local_server(torch_settings, root, tmp_path_factory.mktemp("torch_server")).start()

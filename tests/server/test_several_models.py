@@ -42,6 +42,7 @@ def launcher(exported, rerank_export, cross_encoder_dir, tmp_path_factory):
     )
     reranker.write_text(
         f'[model]\nsource = "{cross_encoder_dir}"\nname = "{RERANKER}"\ntask = "rerank"\nmax_tokens = 128\n\n'
+        f'[engine]\nprecision = "fp32"\n\n'  # scores compared with CrossEncoder's to fp32 rounding
         f'[server]\nbuild_dir = "{work}"\n'
     )
     repository = generate(load_deployment([embedder, reranker]))

@@ -169,11 +169,11 @@ def test_what_every_model_version_copies_holds_only_what_the_stages_import():
     assert not unused, f"common/ holds modules no stage imports: {sorted(unused)}"
 
 
-def test_every_engine_kind_is_a_registered_engine_or_triton_s_tensorrt_backend():
+def test_every_engine_kind_is_a_registered_engine_triton_s_tensorrt_backend_or_auto():
     from model_repository.stages.engines import ENGINES
     from settings.schema import ENGINE_KINDS
 
-    assert set(ENGINE_KINDS) == {*ENGINES, "tensorrt"}
+    assert set(ENGINE_KINDS) == {*ENGINES, "tensorrt", "auto"}
 
 
 def test_the_readme_names_the_layers_as_this_test_ranks_them():

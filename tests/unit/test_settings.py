@@ -16,7 +16,7 @@ from settings.deployment import python_stubs
     ("old", "new", "message"),
     [
         ('task = "embedding"', 'task = "summarize"', "model.task"),
-        ('kind = "onnxruntime_cpu"', 'kind = "tensorflow"', "engine.kind"),
+        ('kind = "auto"', 'kind = "tensorflow"', "engine.kind"),
         ("max_tokens = 256", "max_tokens = 4096", "max_tokens"),
         ("instances = 1", "instances = 0", "instances"),
         ("max_text_bytes = 1048576", "max_text_bytes = 0", "max_text_bytes"),
@@ -24,7 +24,7 @@ from settings.deployment import python_stubs
         ("max_request_bytes = 8388608", "max_request_bytes = 1000", "at least tokenizer.max_text_bytes"),
         ("[encoder]", "[encoder]\nmax_text_bytes = 1", "unknown keys"),
         ("[server]", "[server]\ncolour = 1", "unknown keys"),
-        ('precision = "fp32"', 'precision = "fp16"', "onnxruntime_cpu runs fp32 only"),
+        ('precision = "auto"', 'precision = "fp16"', "runs on the CPU: fp32, bf16 GEMMs or auto"),
         ('topology = "auto"', 'topology = "three_stage"', "ensemble.topology"),
         ("options = {}", "options = {spin_us = [1]}", "plain values"),
     ],
@@ -75,7 +75,7 @@ def test_complete_settings_read_back_as_themselves(tmp_path, variant):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (['engine.kind="torch"', 'engine.precision="fp16"'], "runs on the CPU: fp32, or bf16 GEMMs"),
+        (['engine.kind="torch"', 'engine.precision="fp16"'], "runs on the CPU: fp32, bf16 GEMMs or auto"),
         (
             ['engine.kind="tensorrt"', 'engine.precision="fp16"', "encoder.gpus=[0]", 'ensemble.topology="one_stage"'],
             '"two_stage"',

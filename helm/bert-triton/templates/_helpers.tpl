@@ -78,6 +78,10 @@ write it (read over settings/defaults.toml): the chart has no defaults of its ow
 {{- if eq $kind "torch_gpu" }}{{/* the torch engine's old name, read for one release as the launcher reads it */}}
 {{- $kind = "torch" }}
 {{- end }}
+{{- if and (eq $kind "auto") $raw.encoder.gpus }}{{/* auto on GPUs is torch (common/engine_choice.py); on a CPU
+the stage decides, and the image without torch serves onnxruntime_cpu */}}
+{{- $kind = "torch" }}
+{{- end }}
 {{- $gpus := list }}
 {{- if has $kind (list "torch" "tensorrt") }}
 {{- $gpus = $raw.encoder.gpus }}

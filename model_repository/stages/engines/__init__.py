@@ -2,8 +2,9 @@
 
 Every engine module is imported only when its kind is asked for: the CPU image has no torch, the GPU image
 needs no ONNX Runtime. settings.schema.ENGINE_KINDS is these kinds plus `tensorrt`, which is no Python
-engine but a `tensorrt_plan` model served by Triton's TensorRT backend (the two_stage topology);
-tests/unit/test_layers.py holds the two lists together.
+engine but a `tensorrt_plan` model served by Triton's TensorRT backend (the two_stage topology), and `auto`,
+which the stage turns into one of these when it loads (common/engine_choice.py); tests/unit/test_layers.py
+holds the two lists together.
 
 A new engine: a module here with an Engine subclass, one entry in ENGINES, its kind in ENGINE_KINDS and its
 files in model_repository/configs.py ENGINE_FILES.

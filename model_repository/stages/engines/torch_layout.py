@@ -99,3 +99,17 @@ def cpu_chunks(lens: np.ndarray) -> list[tuple[torch.Tensor, torch.Tensor, torch
         gather = np.where(real, starts[rows][:, None] + positions[None, :], total)
         chunks.append(tuple(torch.from_numpy(a) for a in (gather.reshape(-1), real, gather[real])))
     return chunks
+
+
+def token_parts(lens: np.ndarray, budget: int) -> list[np.ndarray]:
+    """The rows of a batch in length order, split into parts of at most `budget` tokens (a longer row is a part
+    of its own): the CPU path's unit of work, small enough for the cores' caches."""
+    order = np.argsort(lens, kind="stable")
+    ends = np.cumsum(lens[order])
+    parts, start = [], 0
+    while start < len(order):
+        base = ends[start - 1] if start else 0
+        stop = max(start + 1, int(np.searchsorted(ends, base + budget, side="right")))
+        parts.append(order[start:stop])
+        start = stop
+    return parts
