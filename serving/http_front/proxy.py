@@ -16,9 +16,9 @@ listens on server.http_port. For each request it
 - answers 503 while tritonserver is down (the launcher starts it again);
 - with an API key set (protocol/api_key.py), answers 401 to an inference request without it (Triton's own
   check, which the key restricts its inference group to, would answer 403 with its own wording);
-- echoes each request's X-Request-Id (serving/request_id.py: the caller's if plain, else a new one) and puts
-  it in its log lines about the request. (Triton's HTTP takes a request id only inside the JSON body,
-  which this front does not rewrite.);
+- echoes each request's X-Request-Id (serving/request_id.py: the caller's if plain, else a new one), puts
+  it in its log lines about the request and, where an inference request's JSON has no top-level "id", sets
+  that to it (Triton takes a request id only there, answers it in the response's "id" and traces with it);
 - with tracing on (serving/tracing.py), opens a span per request and passes its context to Triton.
 
 gRPC does not pass here: Triton's gRPC server took 8.3 MB messages without harm. `python -m
@@ -60,7 +60,10 @@ DROPPED = frozenset(
         "Content-Length",
     )
 )
+# Nor sent on to Triton: the encoding of a body inflated here, and the binary-data header, which is set anew.
+REQUEST_DROPPED = DROPPED | {"content-encoding", BINARY_HEADER.lower()}
 INFER_PATH = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$")
+OBJECT_START = re.compile(rb'\s*\{(?=\s*")')  # a JSON object's opening brace, a key after it
 UPSTREAM = web.AppKey("upstream", str)
 LIMIT = web.AppKey("limit", int)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
@@ -135,6 +138,31 @@ def infer_request_problem(body: bytes, binary_header: str | None) -> str | None:
     return None
 
 
+def with_request_id(body: bytes, binary_header: str | None, identity: str) -> tuple[bytes, str | None]:
+    """The inference body with `identity` as its top-level "id" when it has none, and its binary-data header
+    (the JSON's byte length) to send with it; anything that is not plainly a JSON object goes as it came.
+
+    With the binary-data extension the JSON is the first binary_header bytes: the id goes in there too and
+    the header grows by as much, so that tritonclient's HTTP requests (the project's client among them) are
+    followed as well. The id is spliced in after the opening brace, so a body is copied once and parsed only
+    when it mentions "id" somewhere (a text or parameter may, and the caller's own "id" is kept)."""
+    if binary_header is not None and not (binary_header.isdigit() and int(binary_header) <= len(body)):
+        return body, binary_header  # Triton refuses it; infer_request_problem says why
+    end = len(body) if binary_header is None else int(binary_header)
+    start = OBJECT_START.match(body, 0, end)
+    if start is None:
+        return body, binary_header
+    if body.find(b'"id"', 0, end) != -1:
+        try:
+            if "id" in json.loads(body[:end]):
+                return body, binary_header
+        except ValueError:  # not JSON (nor UTF-8): Triton answers, and infer_request_problem explains
+            return body, binary_header
+    field = b'"id":"%s",' % identity.encode()  # a plain token (serving/request_id.py): nothing to escape
+    spliced = b"".join((body[: start.end()], field, memoryview(body)[start.end() :]))
+    return spliced, None if binary_header is None else str(end + len(field))
+
+
 async def forward(request: web.Request) -> web.Response:
     """The request to tritonserver and its answer back, with the request's id (and span, when tracing)."""
     identity = request_id(request.headers.get(REQUEST_ID))
@@ -157,25 +185,30 @@ async def _forward(request: web.Request, identity: str, trace: dict[str, str]) -
         refused = error(exc.status, str(exc))
         refused.force_close()  # the rest of the body is not read (nor decoded): this connection ends here
         return refused
-    headers = {name: value for name, value in request.headers.items() if name.lower() not in DROPPED}
-    headers.pop("Content-Encoding", None)  # the body was inflated as it was read
-    headers.update(trace)  # this front's span as the parent of Triton's
     binary_header = request.headers.get(BINARY_HEADER)
+    infer = request.method == "POST" and INFER_PATH.match(request.path) is not None
+    # Every body without the binary header reaches Triton as JSON, whatever its Content-Type (curl -d sends a
+    # form's), so each inference body gets the id.
+    sent, sent_header = with_request_id(body, binary_header, identity) if infer else (body, binary_header)
+    headers = {name: value for name, value in request.headers.items() if name.lower() not in REQUEST_DROPPED}
+    headers.update(trace)  # this front's span as the parent of Triton's
+    if sent_header is not None:
+        headers[BINARY_HEADER] = sent_header
     if body:
         headers["Content-Type"] = "application/octet-stream" if binary_header is not None else "application/json"
     else:
         headers.pop("Content-Type", None)
     url = request.app[UPSTREAM] + request.raw_path
     try:
-        async with request.app[SESSION].request(request.method, url, data=body, headers=headers) as upstream:
+        async with request.app[SESSION].request(request.method, url, data=sent, headers=headers) as upstream:
             data = await upstream.read()
     except aiohttp.ClientConnectionError:
         where = f"{request.method} {request.path[:200]!r}"
         log.error(f"request {identity} {where}: 503, tritonserver is not answering", extra={"request_id": identity})
         return error(503, "tritonserver is not running (the launcher is starting it again): retry shortly")
     status = upstream.status
-    if status == 500 and request.method == "POST" and INFER_PATH.match(request.path):
-        problem = infer_request_problem(body, binary_header)
+    if status == 500 and infer:
+        problem = infer_request_problem(body, binary_header)  # the caller's body, as the caller sent it
         if problem:
             return error(400, f"{problem}; tritonserver said: {_error_text(data)}")
     response_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in DROPPED}

@@ -2,7 +2,8 @@
 
 No body reaches tritonserver's parser in a shape that kills it: oversized ones get 413 whatever their
 content type or model, a form-typed body over 4 MiB (SIGSEGV in Triton 2.51 when sent to it directly) is
-answered, malformed JSON gets 400, and after each the next good request succeeds on the same tritonserver."""
+answered, malformed JSON gets 400, and after each the next good request succeeds on the same tritonserver. The
+request id it echoes reaches Triton, which answers it as the response's "id"."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import json
 import os
 import re
 import signal
+import struct
 import time
 
 import numpy as np
@@ -182,6 +184,34 @@ def test_the_front_echoes_a_plain_request_id_and_makes_one_otherwise(launcher, s
     assert response.status == 200
     given = response.getheader("X-Request-Id")
     assert given == echoed if echoed else re.fullmatch(r"[0-9a-f]{32}", given), given
+
+
+@pytest.mark.parametrize(
+    ("path", "own_id", "binary"),
+    [
+        ("/v2/models/ensemble/infer", None, False),
+        ("/v2/models/ensemble/infer", "the-callers-own", False),
+        ("/v2/models/ensemble/versions/1/infer", None, True),  # tritonclient's binary-data extension
+    ],
+)
+def test_triton_answers_with_the_request_id_unless_the_body_has_its_own(launcher, path, own_id, binary):
+    request = json.loads(infer_body(["whose request?"]))
+    request.update({"id": own_id} if own_id else {})
+    headers = {"X-Request-Id": "follow-me.7"}
+    if binary:
+        text = b"whose request?"
+        data = struct.pack("<I", len(text)) + text  # a BYTES element: its length, then its bytes
+        tensor = request["inputs"][0]
+        del tensor["data"]
+        tensor["parameters"] = {"binary_data_size": len(data)}
+        body = json.dumps(request).encode()
+        headers["Inference-Header-Content-Length"] = str(len(body))
+        body += data
+    else:
+        body = json.dumps(request).encode()
+    status, answer = post(launcher, path, body, headers)
+    assert status == 200 and answer["outputs"][0]["shape"] == [1, 384], answer
+    assert answer["id"] == (own_id or "follow-me.7")
 
 
 def test_the_front_answers_503_while_tritonserver_restarts(launcher):

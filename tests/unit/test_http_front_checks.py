@@ -1,10 +1,11 @@
-"""The HTTP front's check of an inference body that Triton refused: what it names as the problem."""
+"""The HTTP front's handling of inference bodies: what it names as the problem of one that Triton refused, and
+the request id it puts into one without an id of its own."""
 
 from __future__ import annotations
 
 import pytest
 
-from serving.http_front.proxy import infer_request_problem
+from serving.http_front.proxy import infer_request_problem, with_request_id
 
 
 @pytest.mark.parametrize(
@@ -29,3 +30,26 @@ from serving.http_front.proxy import infer_request_problem
 def test_infer_request_problem(body, header, problem):
     found = infer_request_problem(body, header)
     assert found == problem if problem is None else problem in found
+
+
+@pytest.mark.parametrize(
+    ("body", "header", "sent", "sent_header"),
+    [
+        (b' {"inputs": []}', None, b' {"id":"r-1","inputs": []}', None),
+        (b'{"id": "mine", "inputs": []}', None, b'{"id": "mine", "inputs": []}', None),
+        (  # "id" further in is not the caller's request id
+            b'{"inputs": [{"data": ["\\"id\\""], "parameters": {"id": 3}}]}',
+            None,
+            b'{"id":"r-1","inputs": [{"data": ["\\"id\\""], "parameters": {"id": 3}}]}',
+            None,
+        ),
+        (b'{"inputs": []}\x05\x00\x00\x00"id"!', "14", b'{"id":"r-1","inputs": []}\x05\x00\x00\x00"id"!', "25"),
+        (b'{"id": "mine"}\x00', "14", b'{"id": "mine"}\x00', "14"),
+        (b'{"inputs": []}', "99", b'{"inputs": []}', "99"),
+        (b"{}", None, b"{}", None),
+        (b"not json", None, b"not json", None),
+        (b'{"id" broken', None, b'{"id" broken', None),
+    ],
+)
+def test_the_request_id_goes_into_an_inference_body_without_one(body, header, sent, sent_header):
+    assert with_request_id(body, header, "r-1") == (sent, sent_header)
