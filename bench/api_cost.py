@@ -110,6 +110,21 @@ class Target:
     metrics_url: str  # Triton's counters (the launcher's metrics port)
 
 
+def launcher_target(
+    launcher: Launcher, model: str, texts: list[str], processes: int, others: dict[str, list[int]] | None = None
+) -> Target:
+    """What drives the launcher's server: its tritonserver, its API workers (and `others`) to count the CPU of."""
+    workers = [pid for pid, _, argv in child_processes(launcher.process.pid) if b"serving.api" in argv]
+    metrics = f"http://127.0.0.1:{launcher.ports.metrics}/metrics"
+    return Target(model, texts, processes, launcher.triton_pid, {"api workers": workers, **(others or {})}, metrics)
+
+
+def addresses(ports: Ports) -> dict[str, str]:
+    """Where each route of the launcher on `ports` sends its requests."""
+    api = f"http://127.0.0.1:{ports.api}/v1/embeddings"
+    return {"grpc": f"127.0.0.1:{ports.grpc}", "api-base64": api, "api-float": api}
+
+
 def triton_requests(metrics_url: str) -> tuple[float, float]:
     """(texts, requests) the ensemble has answered so far, by Triton's own counters."""
     counters = scrape_metrics(metrics_url).get("ensemble", {})
@@ -181,35 +196,25 @@ def main(argv: list[str] | None = None) -> int:
         "API front (coalesce_calls = 0)", [*arguments, "--set", "api.coalesce_calls=0"], settings.api.workers,
         "127.0.0.1", alone_port,
     ).start(timeout_s=60)  # fmt: skip
-    addresses = {
-        "grpc": f"127.0.0.1:{ports.grpc}",
-        "api-base64": f"http://127.0.0.1:{ports.api}/v1/embeddings",
-        "api-float": f"http://127.0.0.1:{ports.api}/v1/embeddings",
-        "api-base64-alone": f"http://127.0.0.1:{alone_port}/v1/embeddings",
-    }
+    routes = {**addresses(ports), "api-base64-alone": f"http://127.0.0.1:{alone_port}/v1/embeddings"}
     results: dict = {}
     try:
-        children = child_processes(launcher.process.pid)
-        (server_pid,) = [pid for pid, _, argv_ in children if argv_[0].endswith(b"tritonserver")]
-        api_pids = {
-            "api workers": [pid for pid, _, argv_ in children if b"serving.api" in argv_],
-            "api workers (alone)": [process.pid for process in alone.processes],
-        }
-        target = Target(settings.model.name, texts, args.processes, server_pid, api_pids, local[2])
+        alone_pids = {"api workers (alone)": [process.pid for process in alone.processes]}
+        target = launcher_target(launcher, settings.model.name, texts, args.processes, alone_pids)
         with multiprocessing.get_context("spawn").Pool(args.processes) as pool:
             for concurrency in args.concurrency:
                 for route in args.routes:  # warm-up
-                    run_route(pool, target, route, addresses[route], concurrency, 2.0)
+                    run_route(pool, target, route, routes[route], concurrency, 2.0)
                 runs: dict[str, list[dict]] = {route: [] for route in args.routes}
                 for index in range(args.rounds):
                     for route in args.routes:
                         if args.profile and index == 0 and route == "api-base64":
                             profile_worker(
-                                api_pids["api workers"][0], args.duration_s, args.out / f"py-spy-api-c{concurrency}.txt"
+                                target.api_pids["api workers"][0],
+                                args.duration_s,
+                                args.out / f"py-spy-api-c{concurrency}.txt",
                             )
-                        runs[route].append(
-                            run_route(pool, target, route, addresses[route], concurrency, args.duration_s)
-                        )
+                        runs[route].append(run_route(pool, target, route, routes[route], concurrency, args.duration_s))
                 medians = {route: statistics.median(run["rps"] for run in done) for route, done in runs.items()}
                 ratios = (
                     {route: round(rps / medians["grpc"], 3) for route, rps in medians.items()}

@@ -12,8 +12,8 @@
 #                              a wrapper script ./perf_analyzer that points the loader there.
 #   .kit/wheels.tar.xz         wheels/*.whl: numpy 1.26.4 + the tritonclient[grpc,http]
 #                              2.51.0 Python client stack + Locust (python -m loadtest),
-#                              py-spy and nvidia-ml-py (bench/e2e_bench.py) for cp$KIT_PY
-#                              manylinux x86_64.
+#                              py-spy and nvidia-ml-py (bench/e2e_bench.py), OpenTelemetry
+#                              ([tracing], bench/tracing_cost.py) for cp$KIT_PY manylinux x86_64.
 #                              The wheels are re-zipped without compression (still valid
 #                              wheels, same RECORD) so that xz can squeeze them: shipped as
 #                              plain deflated .whl files they alone would be ~36 MB.
@@ -59,6 +59,8 @@ BINARY_WHEELS=(
     py-spy==0.4.3
     # The API front's JSON (serving/api/app.py); aiohttp comes from the image.
     orjson==3.13.0
+    # Deprecated's, for OpenTelemetry 1.27 (below).
+    wrapt==2.5.2
 )
 # Pure-python wheels.
 PURE_WHEELS=(
@@ -92,6 +94,20 @@ PURE_WHEELS=(
     pygments==2.21.0
     # GPU utilization, memory, power and clocks without DCGM (bench/e2e_bench.py).
     nvidia-ml-py==13.615.71
+    # [tracing]'s spans (serving/tracing.py) and the receiver's decoding (bench/otlp_receiver.py). 1.27.0 is
+    # the last OpenTelemetry whose opentelemetry-proto allows protobuf < 5 (1.28 on want >= 5), which
+    # tritonclient 2.51's generated code needs; deprecated 1.3.1, as 3.x wants Python >= 3.12 (KIT_PY=3.11).
+    opentelemetry-api==1.27.0
+    opentelemetry-sdk==1.27.0
+    opentelemetry-exporter-otlp-proto-http==1.27.0
+    opentelemetry-exporter-otlp-proto-common==1.27.0
+    opentelemetry-proto==1.27.0
+    opentelemetry-semantic-conventions==0.48b0
+    googleapis-common-protos==1.75.0
+    deprecated==1.3.1
+    importlib-metadata==8.4.0
+    zipp==4.1.2
+    typing-extensions==4.16.0
 )
 MANYLINUX_PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64)
 

@@ -1,7 +1,7 @@
 """Tracing on the real launcher (serving/tracing.py): a request sent with a W3C traceparent is one trace, the
 front's span and tritonserver's spans under the sender's trace id, through the API front and through the HTTP
 front; a malformed traceparent is ignored (a new trace starts) and never fails the request. Spans go to a real
-OTLP/HTTP receiver built on opentelemetry-proto (tests/server/otlp_receiver.py)."""
+OTLP/HTTP receiver built on opentelemetry-proto (bench/otlp_receiver.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import re
 import httpx
 import pytest
 
+from bench.otlp_receiver import OtlpReceiver
 from common.contract import TEXT_INPUT
 from serving.launcher.harness import Launcher
 from serving.launcher.triton_command import Ports
-from tests.server.otlp_receiver import OtlpReceiver
 
 
 @pytest.fixture(scope="module")

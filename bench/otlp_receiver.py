@@ -1,6 +1,6 @@
-"""An OTLP/HTTP trace receiver for tests: POST /v1/traces, as OpenTelemetry's Python exporter sends it
-(protobuf ExportTraceServiceRequest, decoded with opentelemetry-proto) and as tritonserver sends it (OTLP/JSON,
-ids in hex), kept as Spans."""
+"""An OTLP/HTTP trace receiver for the tracing tests and bench.tracing_cost, in a thread of the caller's process:
+POST /v1/traces, as OpenTelemetry's Python exporter sends it (protobuf ExportTraceServiceRequest, decoded with
+opentelemetry-proto) and as tritonserver sends it (OTLP/JSON, ids in hex), kept as Spans."""
 
 from __future__ import annotations
 
