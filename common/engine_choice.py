@@ -3,8 +3,8 @@
 On a GPU: torch at fp16. On a CPU whose instructions multiply bf16 natively (AMX, or AVX-512 BF16): torch with
 bf16 GEMM operands, when torch is installed (2026-12-02, 2 cores of a Zen 4: served 1.9-2.2x sentence-transformers
 against onnxruntime_cpu's 1.2-1.4x, cosine >= 0.99995; docs/benchmarks.md, CPU default). Anywhere else:
-onnxruntime_cpu at fp32, the faster fp32 engine on a CPU. fp32 stays one setting away (engine.precision = "fp32") for results that do not
-depend on how requests were batched (bf16 rows differ by up to ~1e-3 between batch compositions).
+onnxruntime_cpu at fp32, the faster fp32 engine on a CPU. fp32 stays one setting away (engine.precision = "fp32")
+for results that do not depend on how requests were batched (bf16 rows differ by up to ~1e-3 between batchings).
 
 The stage decides when it loads (model_repository/stages/model_args.py) and logs the choice; the API front's
 /info asks the same function, which gives the same answer in every process of one machine and environment:

@@ -3,12 +3,10 @@ or a reranker's (query, text) -> score, in one stub.
 
 The whole data path of a dynamic batch in one execute(): every text of every request is tokenized in one
 call (text_tokenizer.TextTokenizer: packed ids, no padding), the engine runs those packed ids at once, and
-each request gets its own rows back; with an engine's overlap_parts > 1 the batch goes through in that many
-parts of whole requests, each tokenized while the GPU computes the one before. Nothing crosses a process
-boundary between tokenizing and encoding, which in the two-stage topology (tokenizer -> encoder) costs a stub
-round trip and a padded copy per request. A request over tokenizer.max_text_bytes or max_request_bytes, or
-with invalid UTF-8, fails with INVALID_ARG before anything is decoded; the other requests of the batch are
-served.
+each request gets its own rows back. Nothing crosses a process boundary between tokenizing and encoding,
+which in the two-stage topology (tokenizer -> encoder) costs a stub round trip and a padded copy per
+request. A request over tokenizer.max_text_bytes or max_request_bytes, or with invalid UTF-8, fails with
+INVALID_ARG before anything is decoded; the other requests of the batch are served.
 
 Custom metrics (stage_metrics.py, sent about once a second), with the two stages' names so that dashboards
 read either topology: bert_tokenizer_{requests,tokens}_total, bert_tokenizer_texts_per_execute,
@@ -48,32 +46,14 @@ class TritonPythonModel:
         self._metrics = StageMetrics(pb_utils, "pipeline", args, declared)
 
     def execute(self, requests: list) -> list:
-        """The batch in engine.overlap_parts parts of whole requests: each part is tokenized while the engine
-        still computes the one before (a GPU engine's launch() returns once the work is queued), then answered."""
-        parts = np.array_split(np.arange(len(requests)), min(self.engine.overlap_parts, len(requests)))
-        responses, running = [], None
-        for part in parts:
-            launched = self._launch([requests[i] for i in part])
-            if running is not None:
-                responses += self._answer(*running)
-            running = launched
-        return responses + self._answer(*running)
-
-    def _launch(self, requests: list) -> tuple:
-        """Tokenizes the requests and starts the engine on them: (each request's rows or error, token counts,
-        the call that returns the engine's rows)."""
         texts_in = [pb_utils.get_input_tensor_by_name(request, TEXT_INPUT).as_numpy() for request in requests]
         queries_in = (
             [pb_utils.get_input_tensor_by_name(r, QUERY_INPUT).as_numpy() for r in requests] if self.pairs else None
         )
         parts, ids, lengths, types = self.text.tokenize(texts_in, queries_in)
-        rows = self.engine.launch(ids, lengths, types) if len(lengths) else None
+        outputs = self.engine.forward_packed(ids, lengths, types) if len(lengths) else None
         self._record(len(requests), lengths)
-        return parts, lengths, rows
-
-    def _answer(self, parts: list, lengths: np.ndarray, rows) -> list:
-        outputs = rows() if rows is not None else None
-        if self.labels is not None and outputs is not None:
+        if self.labels is not None and len(lengths):
             outputs = scores_and_labels(outputs, self.labels)
         tokens = lengths.astype(np.int32).reshape(-1, 1)
         responses = []

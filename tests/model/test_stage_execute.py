@@ -50,13 +50,10 @@ class Backend:
         return types.SimpleNamespace(as_numpy=lambda: request[name])
 
 
-@pytest.mark.parametrize(
-    ("stage", "overlap_parts"), [("pipeline_model", 1), ("pipeline_model", 3), ("tokenizer_model", 1)]
-)
-def test_a_refused_request_in_an_execute_fails_alone(monkeypatch, settings, exported, tmp_path, stage, overlap_parts):
+@pytest.mark.parametrize("stage", ["pipeline_model", "tokenizer_model"])
+def test_a_refused_request_in_an_execute_fails_alone(monkeypatch, settings, exported, tmp_path, stage):
     """One execute() of the stage that tokenizes, given a refused request between good ones: it fails with
-    INVALID_ARG, the others get what they would get alone; also where the one-stage model cuts the batch into
-    parts launched one after the other (engine.overlap_parts, a part of the refused request alone)."""
+    INVALID_ARG, the others get what they would get alone."""
     topology = "one_stage" if stage == "pipeline_model" else "two_stage"
     chosen = dataclasses.replace(settings, ensemble=dataclasses.replace(settings.ensemble, topology=topology))
     model = "ensemble" if stage == "pipeline_model" else "tokenizer"
@@ -79,8 +76,6 @@ def test_a_refused_request_in_an_execute_fails_alone(monkeypatch, settings, expo
     monkeypatch.setattr(module, "pb_utils", Backend)
     instance = module.TritonPythonModel()
     instance.initialize(args)
-    if overlap_parts > 1:
-        instance.engine.overlap_parts = overlap_parts
     huge = over_limit_texts(settings.tokenizer.max_text_bytes)["one-byte-over"]
     requests = [{"text": np.array([[text]], dtype=np.object_)} for text in (b"first good text", huge, b"a second one")]
     together = instance.execute(requests)

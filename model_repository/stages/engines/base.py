@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -29,18 +28,8 @@ class Engine(ABC):
         # Token positions the last forward() computed, its own padding included (for the padding metric).
         self.computed_tokens = 0
 
-    # How many parts the one-stage model cuts a batch into so that it tokenizes one part while the engine
-    # computes the one before (pipeline_model.py); 1 for engines that compute where they are called.
-    overlap_parts = 1
-
     @abstractmethod
     def forward_packed(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None) -> np.ndarray: ...
-
-    def launch(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None) -> Callable[[], np.ndarray]:
-        """forward_packed begun: a call that returns its rows. An engine that computes elsewhere (a GPU) returns
-        as soon as the work is queued, so the caller can prepare the next batch meanwhile; this one computes now."""
-        rows = self.forward_packed(ids, lengths, types)
-        return lambda: rows
 
     def forward(self, sequences: list[np.ndarray], types: list[np.ndarray] | None = None) -> np.ndarray:
         """forward_packed for a list of sequences, one int array each, and their token types (tests, benchmarks)."""

@@ -29,8 +29,6 @@ Options (the `options` dict; values may be strings as they come from a config fi
                    their exact shapes: launch overhead is hidden there and bucket padding is not)
   buckets_per_octave  token buckets per power of two (default 16: at most 6.25 % padding)
   max_graphs       graphs kept before new shapes run eagerly (default 256)
-  overlap_parts    CUDA: the one-stage model cuts each batch into this many parts and tokenizes one while the
-                   GPU runs the one before (default 1: none); each part gets its own pinned buffers
   spin_us          how long forward() polls for the GPU to finish before it sleeps on an event (default 1000;
                    -1: poll to the end, CUDA's own default for a process with one context). Polling answers a
                    short batch without a wake-up; sleeping frees the core during a long wait (many instances
@@ -44,10 +42,10 @@ Options (the `options` dict; values may be strings as they come from a config fi
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -57,7 +55,6 @@ import torch.nn.functional as F
 from common.contract import ServingSpec
 
 from .base import Engine
-from .torch_host import HostSlot
 from .torch_kernels import (
     HAVE_TRITON,
     KernelCheck,
@@ -172,13 +169,12 @@ class TorchEngine(BertCheckpoint, KernelCheck, Engine):
         if self.is_cuda:
             self.stream = torch.cuda.Stream(self.torch_device)
             self.spin_s = int(opt.get("spin_us", 1000)) / 1e6
-            self.overlap_parts = max(1, int(opt.get("overlap_parts", 1)))
+            self._done = torch.cuda.Event(blocking=True)
             self._pool = torch.cuda.graph_pool_handle()
             cap = layout_size(self.max_graph_tokens, self.max_batch, self.tile_block)
             self._dev_in = torch.zeros(cap, dtype=torch.int32, device=self.torch_device)
-            # One set of pinned buffers and an event per batch that may be in flight at once (launch()).
-            self._slots = [HostSlot(cap, self.max_batch, self.output_size) for _ in range(min(self.overlap_parts, 2))]
-            self._next_slot = 0
+            self._host_in = torch.empty(cap, dtype=torch.int32, pin_memory=True)
+            self._host_out = torch.empty((self.max_batch, self.output_size), dtype=torch.float32, pin_memory=True)
             if self.kernels == "triton" or self.attention == "triton":
                 self._self_check()
         log.info(
@@ -365,33 +361,19 @@ class TorchEngine(BertCheckpoint, KernelCheck, Engine):
         return self.attn_block_m if self.attention == "triton" else 0
 
     def forward_packed(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None) -> np.ndarray:
-        if not len(lengths):
+        if self.spec.pairs:
+            ids = ids | (types.astype(np.int32) << TYPE_SHIFT)
+        n = len(lengths)
+        if n == 0:
             return np.zeros((0, self.output_size), dtype=np.float32)
-        if self.is_cuda:
-            return self.launch(ids, lengths, types)()
-        self._check_lengths(lengths)
-        self.computed_tokens = len(ids)
-        return self._forward_cpu(self._typed(ids, types), lengths, len(ids))
-
-    def launch(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None):
-        if not self.is_cuda or not len(lengths):
-            return super().launch(ids, lengths, types)
-        max_len = self._check_lengths(lengths)
-        slot = self._slots[self._next_slot]
-        self._next_slot = (self._next_slot + 1) % len(self._slots)
-        slot.wait(self.spin_s)  # its last batch is read out before its buffers are written again
-        self._launch_cuda(self._typed(ids, types), lengths, len(ids), max_len, slot)
-        return functools.partial(slot.rows, len(lengths), self.spin_s)
-
-    def _typed(self, ids: np.ndarray, types: np.ndarray | None) -> np.ndarray:
-        """A pair model's ids with each token's type in the top bits (torch_layout.TYPE_SHIFT)."""
-        return ids | (types.astype(np.int32) << TYPE_SHIFT) if self.spec.pairs else ids
-
-    def _check_lengths(self, lengths: np.ndarray) -> int:
         max_len = int(lengths.max())
         if max_len > self.max_positions:
             raise ValueError(f"a sequence has {max_len} tokens; the model takes at most {self.max_positions}")
-        return max_len
+        tokens = len(ids)
+        self.computed_tokens = tokens
+        if not self.is_cuda:
+            return self._forward_cpu(ids, lengths, tokens)
+        return self._forward_cuda(ids, lengths, tokens, max_len)
 
     @torch.inference_mode()
     def _forward_cpu(self, ids, lens, tokens) -> np.ndarray:
@@ -415,9 +397,7 @@ class TorchEngine(BertCheckpoint, KernelCheck, Engine):
         return self._encode(ids, cu, tiles, n, max_len)
 
     @torch.inference_mode()
-    def _launch_cuda(self, ids, lens, tokens, max_len, slot: HostSlot) -> None:
-        """Queues the batch on the stream: ids into the slot's pinned buffer, to the GPU, the graph (or the eager
-        run), the rows back into the slot's pinned output, and the slot's event after them."""
+    def _forward_cuda(self, ids, lens, tokens, max_len) -> np.ndarray:
         n = len(lens)
         graph = self.use_graphs and n <= self.max_batch and tokens <= self.max_graph_tokens
         if graph:
@@ -429,25 +409,42 @@ class TorchEngine(BertCheckpoint, KernelCheck, Engine):
             t_b, n_b = tokens, n
         self.computed_tokens = t_b  # a graph bucket computes its tail tokens too
         size = layout_size(t_b, n_b, self.tile_block)
-        host_in, host_out = slot.buffers(size, n)
-        pack(host_in.numpy()[:size], ids, lens, t_b, n_b, self.tile_block)
+        if size > self._host_in.numel():
+            self._host_in = torch.empty(size, dtype=torch.int32, pin_memory=True)
+        if n > self._host_out.shape[0]:
+            self._host_out = torch.empty((n, self.output_size), dtype=torch.float32, pin_memory=True)
+        pack(self._host_in.numpy()[:size], ids, lens, t_b, n_b, self.tile_block)
         with torch.cuda.stream(self.stream):
             if graph:
-                self._dev_in[:size].copy_(host_in[:size], non_blocking=True)
+                self._dev_in[:size].copy_(self._host_in[:size], non_blocking=True)
                 entry = self._graphs.get(key)
                 if entry is None:
                     entry = self._capture(key)
                 entry[0].replay()
                 out = entry[1]
             else:
-                dev = host_in[:size].to(self.torch_device, non_blocking=True)
+                dev = self._host_in[:size].to(self.torch_device, non_blocking=True)
                 ids, cu, tiles = views(dev, t_b, n_b, self.tile_block)
                 out = self._encode(
                     ids, cu, tiles, n_b, max(max_len, length_class(max_len, bool(self.tile_block), self.max_positions))
                 )
                 self.eager_runs += 1
-            host_out[:n].copy_(out[:n], non_blocking=True)
-            slot.record(self.stream)
+            self._host_out[:n].copy_(out[:n], non_blocking=True)
+            self._wait()
+        return self._host_out[:n].numpy().copy()
+
+    def _wait(self) -> None:
+        """Until the stream's work is done: poll for up to spin_s, then sleep on the (blocking-sync) event."""
+        if self.spin_s < 0:
+            self.stream.synchronize()
+            return
+        done = self._done
+        done.record(self.stream)
+        deadline = time.perf_counter() + self.spin_s
+        while not done.query():
+            if time.perf_counter() >= deadline:
+                done.synchronize()
+                return
 
     def _capture(self, key):
         t_b, n_b, len_class = key
