@@ -1,21 +1,27 @@
 """python -m bench.api_cost: the API front (POST /v1/embeddings) against direct gRPC at the same concurrency.
 
-Starts the real launcher (tritonserver, its fronts and the API front's api.workers processes) on free ports,
-and beside it a second API front on the same tritonserver with api.coalesce_calls = 0 (every request a Triton
-call of its own), and drives them with closed loops of `--concurrency` clients spread over `--processes`
-load-generator processes, one text of loadtest/corpus.txt per request: `grpc` sends pre-serialized KServe
-ModelInfer requests straight to tritonserver (grpc.aio), `api-base64` and `api-float` send OpenAI embedding
-requests to the API front (aiohttp; base64 is what the OpenAI SDKs ask for by default), `api-base64-alone`
-the same as api-base64 to the front that does not coalesce. Rounds alternate the routes so that all see the
-same machine state. Per route: requests/s, p50 and p99 latency, texts per Triton request (Triton's own
-counters), and CPU microseconds per request of tritonserver, the stubs, each front's workers and the load
-generators (/proc). Writes api_cost.json; `python -m bench.plot` draws it.
+Starts the real launcher (tritonserver, its fronts and the API front's api.workers processes) on free ports, and
+beside it a second API front on the same tritonserver with api.coalesce_calls = 0 (every request a Triton call
+of its own), and drives them with closed loops of `--concurrency` clients, one text of loadtest/corpus.txt per
+request: `grpc` sends KServe ModelInfer requests straight to tritonserver, `api-base64` and `api-float` send
+OpenAI embedding requests to the API front (base64 is what the OpenAI SDKs ask for by default),
+`api-base64-alone` the same as api-base64 to the front that does not coalesce, and `tei-embed` (not run unless
+named) TEI's POST /embed to the API front. `--generator python` (the default) spreads the clients over
+`--processes` Python processes (grpc.aio, aiohttp, pre-serialized requests); `--generator perf_analyzer` runs
+tritonclient 2.51's compiled perf_analyzer instead, on `--processes` threads, over gRPC for `grpc` and in its
+OpenAI mode (each JSON body posted as is) for the HTTP routes: a load generator of other costs, measured beside
+the server's (docs/benchmarks.md). Rounds alternate the routes so that all see the same machine state. Per
+route: requests/s, p50 and p99 latency, texts per Triton request (Triton's own counters), and CPU microseconds
+per request of tritonserver, the stubs, each front's workers (/proc) and the load generators (their own CPU
+time). Writes api_cost.json; `python -m bench.plot` draws it.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import functools
 import json
 import multiprocessing
 import os
@@ -23,10 +29,14 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
+from bench.e2e_bench import perf_analyzer_input, run_perf_analyzer
 from bench.process_cpu import per_request, snapshot
 from bench.record import header, write
 from loadtest.corpus import load_text
@@ -39,7 +49,15 @@ from serving.launcher.triton_command import Ports, free_ports
 from serving.workers import FrontWorkers
 from settings import load_settings
 
-ROUTES = ("grpc", "api-base64", "api-float", "api-base64-alone")
+ROUTES = ("grpc", "api-base64", "api-float", "api-base64-alone", "tei-embed")
+DEFAULT_ROUTES = ROUTES[:4]
+
+
+def request_body(route: str, model: str, text: str) -> dict:
+    """The JSON body an HTTP route sends for one text, whichever generator sends it."""
+    if route == "tei-embed":
+        return {"inputs": text}
+    return {"model": model, "input": text, "encoding_format": route.removeprefix("api-").removesuffix("-alone")}
 
 
 async def _grpc_loop(target: str, texts: list[str], clients: int, deadline: float) -> list[float]:
@@ -62,10 +80,9 @@ async def _grpc_loop(target: str, texts: list[str], clients: int, deadline: floa
     return latencies
 
 
-async def _api_loop(url: str, model: str, encoding: str, texts: list[str], clients: int, deadline: float):
+async def _api_loop(url: str, bodies: list[bytes], clients: int, deadline: float) -> list[float]:
     import aiohttp
 
-    bodies = [json.dumps({"model": model, "input": text, "encoding_format": encoding}).encode() for text in texts]
     headers = {"Content-Type": "application/json"}
     latencies: list[float] = []
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
@@ -93,8 +110,8 @@ def load_process(job: tuple) -> tuple[list[float], float]:
     if route == "grpc":
         latencies = asyncio.run(_grpc_loop(address, texts, clients, deadline))
     else:
-        encoding = route.removeprefix("api-").removesuffix("-alone")
-        latencies = asyncio.run(_api_loop(address, model, encoding, texts, clients, deadline))
+        bodies = [json.dumps(request_body(route, model, text)).encode() for text in texts]
+        latencies = asyncio.run(_api_loop(address, bodies, clients, deadline))
     return latencies, time.process_time() - cpu
 
 
@@ -122,7 +139,8 @@ def launcher_target(
 def addresses(ports: Ports) -> dict[str, str]:
     """Where each route of the launcher on `ports` sends its requests."""
     api = f"http://127.0.0.1:{ports.api}/v1/embeddings"
-    return {"grpc": f"127.0.0.1:{ports.grpc}", "api-base64": api, "api-float": api}
+    tei = f"http://127.0.0.1:{ports.api}/embed"
+    return {"grpc": f"127.0.0.1:{ports.grpc}", "api-base64": api, "api-float": api, "tei-embed": tei}
 
 
 def triton_requests(metrics_url: str) -> tuple[float, float]:
@@ -131,7 +149,27 @@ def triton_requests(metrics_url: str) -> tuple[float, float]:
     return counters.get("nv_inference_count", 0.0), counters.get("nv_inference_request_success", 0.0)
 
 
+def measured(target: Target, load: Callable[[], tuple[dict, float]]) -> dict:
+    """`load` (its requests/s and latencies, and the load generator's CPU seconds) between two snapshots of the
+    server's CPU and Triton's counters: the figures, texts per Triton request and CPU per request of each kind.
+    Requests are Triton's texts (one per request) where `load` does not count them itself."""
+    others = target.api_pids
+    before, (texts_before, calls_before) = snapshot(target.server_pid, others), triton_requests(target.metrics_url)
+    figures, generator_cpu_s = load()
+    (texts, calls), after = triton_requests(target.metrics_url), snapshot(target.server_pid, others)
+    requests = figures.get("requests", int(texts - texts_before))
+    cost = per_request(before, after, requests)
+    cost["cpu_us_per_request"]["load generators"] = round(generator_cpu_s / requests * 1e6, 1)
+    return {
+        "requests": requests,
+        **figures,
+        "texts_per_triton_request": round((texts - texts_before) / max(calls - calls_before, 1.0), 2),
+        **cost,
+    }
+
+
 def run_route(pool, target: Target, route: str, address: str, concurrency: int, duration_s: float) -> dict:
+    """One run of the Python load generators, `pool`'s processes, each with its share of the clients."""
     processes = target.processes
     shares = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
     jobs = [
@@ -139,23 +177,59 @@ def run_route(pool, target: Target, route: str, address: str, concurrency: int, 
         for i, clients in enumerate(shares)
         if clients
     ]
-    others = target.api_pids
-    before, texts_before = snapshot(target.server_pid, others), triton_requests(target.metrics_url)
-    started = time.perf_counter()
-    results = pool.map(load_process, jobs)
-    seconds = time.perf_counter() - started
-    (texts, calls), after = triton_requests(target.metrics_url), snapshot(target.server_pid, others)
-    latencies = sorted(latency for part, _ in results for latency in part)
-    cost = per_request(before, after, len(latencies))
-    cost["cpu_us_per_request"]["load generators"] = round(sum(cpu for _, cpu in results) / len(latencies) * 1e6, 1)
-    return {
-        "requests": len(latencies),
-        "rps": round(len(latencies) / seconds, 1),
-        "p50_ms": round(1000 * statistics.median(latencies), 3),
-        "p99_ms": round(1000 * latencies[int(0.99 * (len(latencies) - 1))], 3),
-        "texts_per_triton_request": round((texts - texts_before[0]) / max(calls - texts_before[1], 1.0), 2),
-        **cost,
-    }
+
+    def load() -> tuple[dict, float]:
+        started = time.perf_counter()
+        results = pool.map(load_process, jobs)
+        seconds = time.perf_counter() - started
+        latencies = sorted(latency for part, _ in results for latency in part)
+        figures = {
+            "requests": len(latencies),
+            "rps": round(len(latencies) / seconds, 1),
+            "p50_ms": round(1000 * statistics.median(latencies), 3),
+            "p99_ms": round(1000 * latencies[int(0.99 * (len(latencies) - 1))], 3),
+        }
+        return figures, sum(cpu for _, cpu in results)
+
+    return measured(target, load)
+
+
+def perf_analyzer_data(route: str, model: str, texts: list[str]) -> dict:
+    """perf_analyzer's --input-data for an HTTP route in its OpenAI mode: one request body per text."""
+    return {"data": [{"payload": [request_body(route, model, text)]} for text in texts]}
+
+
+@dataclass(frozen=True)
+class PerfAnalyzer:
+    """perf_analyzer as the load generator: one process of `--processes` threads (each thread keeps several
+    requests in flight: its calls are asynchronous); its input data and CSVs in `work`."""
+
+    binary: str
+    work: Path
+
+    def run_route(self, target: Target, route: str, address: str, concurrency: int, duration_s: float) -> dict:
+        data, csv_path = self.work / f"{route}.json", self.work / f"{route}.csv"
+        if route == "grpc":
+            url, endpoint, model = address, None, "ensemble"
+            if not data.exists():
+                perf_analyzer_input(target.texts, data)
+        else:
+            where = urlsplit(address)
+            url, endpoint, model = where.netloc, where.path.removeprefix("/"), target.model
+            if not data.exists():
+                data.write_text(json.dumps(perf_analyzer_data(route, target.model, target.texts)))
+
+        def load() -> tuple[dict, float]:
+            # Three windows of a third of duration_s each, whatever their spread (perf_analyzer's shortest
+            # stable run), reported as one: a round as long as the Python generator's.
+            row = run_perf_analyzer(
+                self.binary, url, model, data, concurrency, 1, round(duration_s * 1000 / 3), 999, csv_path,
+                endpoint=endpoint, max_threads=target.processes,
+            )  # fmt: skip
+            figures = {"rps": round(row["inferences_per_s"], 1), "p50_ms": row["p50_ms"], "p99_ms": row["p99_ms"]}
+            return figures, row["client_cpu_s"]
+
+        return measured(target, load)
 
 
 def profile_worker(pid: int, seconds: float, path: Path) -> None:
@@ -169,17 +243,30 @@ def profile_worker(pid: int, seconds: float, path: Path) -> None:
         )  # fmt: skip
 
 
+GENERATORS = {
+    "python": "python: asyncio closed loops (grpc.aio, aiohttp, pre-serialized requests), --processes {processes}",
+    "perf_analyzer": "perf_analyzer 2.51 (C++), --max-threads {processes}: KServe gRPC for grpc, OpenAI mode for the "
+    "HTTP routes; its CPU over its whole run (start, reading the input data, three windows) per text Triton answered",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.api_cost", description=__doc__.split("\n\n")[0])
     parser.add_argument("--settings", help="settings file (default: settings/defaults.toml)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[64])
-    parser.add_argument("--processes", type=int, default=2, help="load-generator processes")
+    parser.add_argument(
+        "--generator", choices=("python", "perf_analyzer"), default="python", help="what sends the requests"
+    )
+    parser.add_argument("--processes", type=int, default=2, help="Python processes, or perf_analyzer's threads")
+    parser.add_argument("--perf-analyzer", default=os.environ.get("PERF_ANALYZER", "perf_analyzer"))
     parser.add_argument("--duration-s", type=float, default=10.0, help="per route, concurrency and round")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--routes", nargs="+", choices=ROUTES, default=list(ROUTES))
+    parser.add_argument("--routes", nargs="+", choices=ROUTES, default=list(DEFAULT_ROUTES))
     parser.add_argument("--profile", action="store_true", help="py-spy one API worker in the first api round")
     parser.add_argument("--out", type=Path, default=Path("build/bench"))
     args = parser.parse_args(argv)
+    if args.generator == "perf_analyzer" and shutil.which(args.perf_analyzer) is None:
+        raise SystemExit(f"perf_analyzer not found ({args.perf_analyzer}); pass --perf-analyzer or PERF_ANALYZER")
     settings = load_settings(args.settings)
     texts = load_text()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -201,10 +288,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         alone_pids = {"api workers (alone)": [process.pid for process in alone.processes]}
         target = launcher_target(launcher, settings.model.name, texts, args.processes, alone_pids)
-        with multiprocessing.get_context("spawn").Pool(args.processes) as pool:
+        with contextlib.ExitStack() as stack:
+            if args.generator == "python":
+                pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(args.processes))
+                drive = functools.partial(run_route, pool)
+            else:
+                work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="api_cost_")))
+                drive = PerfAnalyzer(args.perf_analyzer, work).run_route
             for concurrency in args.concurrency:
                 for route in args.routes:  # warm-up
-                    run_route(pool, target, route, routes[route], concurrency, 2.0)
+                    drive(target, route, routes[route], concurrency, 2.0)
                 runs: dict[str, list[dict]] = {route: [] for route in args.routes}
                 for index in range(args.rounds):
                     for route in args.routes:
@@ -214,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
                                 args.duration_s,
                                 args.out / f"py-spy-api-c{concurrency}.txt",
                             )
-                        runs[route].append(run_route(pool, target, route, routes[route], concurrency, args.duration_s))
+                        runs[route].append(drive(target, route, routes[route], concurrency, args.duration_s))
                 medians = {route: statistics.median(run["rps"] for run in done) for route, done in runs.items()}
                 ratios = (
                     {route: round(rps / medians["grpc"], 3) for route, rps in medians.items()}
@@ -234,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": str(settings.path),
         "api_workers": settings.api.workers,
         "coalesce": {"calls": settings.api.coalesce_calls, "window_ms": settings.api.coalesce_window_ms},
+        "generator": GENERATORS[args.generator].format(processes=args.processes),
         "note": "load generators, API front and tritonserver share the machine; rounds alternate the routes",
         "results": results,
     }

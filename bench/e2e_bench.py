@@ -61,12 +61,20 @@ def run_perf_analyzer(
     interval_ms: int,
     stability: int,
     csv_path: Path,
+    endpoint: str | None = None,
+    max_threads: int | None = None,
 ) -> dict:
+    """One perf_analyzer run at `concurrency`: KServe gRPC to `url`, or with `endpoint` its OpenAI mode, which
+    posts each --input-data row's JSON payload as is to http://url/endpoint (asynchronous calls only), on at
+    most `max_threads` threads (perf_analyzer's default: 16)."""
+    protocol = "grpc" if endpoint is None else "http"
+    service = ["-i", "grpc"] if endpoint is None else ["--async", "--service-kind=openai", f"--endpoint={endpoint}"]
     command = [
-        binary, "-m", model, "-u", url, "-i", "grpc", "--input-data", str(data), "-b", str(batch),
+        binary, "-m", model, "-u", url, *service, "--input-data", str(data), "-b", str(batch),
         "--concurrency-range", str(concurrency), "--measurement-interval", str(interval_ms), "--max-trials", "8",
         "--stability-percentage", str(stability), "-f", str(csv_path),
-        *(item for name, value in headers(api_key(), "grpc").items() for item in ("-H", f"{name}:{value}")),
+        *(["--max-threads", str(max_threads)] if max_threads else []),
+        *(item for name, value in headers(api_key(), protocol).items() for item in ("-H", f"{name}:{value}")),
     ]  # fmt: skip
     csv_path.unlink(missing_ok=True)  # exit code 2 reads the CSV: never a stale one
     cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -89,7 +97,7 @@ def run_perf_analyzer(
         "inferences_per_s": float(row["Inferences/Second"]),  # texts per second
         **{f"{p}_ms": float(row[f"{p} latency"]) / 1e3 for p in ("p50", "p90", "p99")},
         # The load generator's own cost over its whole run (all trials).
-        "client_cpu_s": round(cpu_s, 2),
+        "client_cpu_s": round(cpu_s, 3),
         "client_cores_busy": round(cpu_s / wall_s, 2) if wall_s > 0 else None,
     }
 
