@@ -21,6 +21,8 @@ fi
 # shellcheck source=bench/device_env.sh
 source bench/device_env.sh
 python3 -m model_repository.generate --settings "$SETTINGS" > /dev/null
+# shellcheck disable=SC2086  # TRITON_SPANS: a flag or nothing
 python3 -m bench.tracing_cost --settings "$SETTINGS" --concurrency "${CONCURRENCY:-64}" --processes "${PROCESSES:-4}" \
-  --duration-s "${DURATION:-6}" --rounds "${ROUNDS:-2}" --sample-rate "${SAMPLE_RATE:-0.01}" --out "$OUT" 2>&1 |
+  --duration-s "${DURATION:-6}" --rounds "${ROUNDS:-2}" --sample-rate "${SAMPLE_RATE:-0.01}" --out "$OUT" \
+  ${TRITON_SPANS:+--triton-spans} 2>&1 |
   tee "$OUT/tracing_cost.log"

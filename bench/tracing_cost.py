@@ -36,7 +36,7 @@ ROUTES = ("api-base64", "grpc")
 BAR = 0.03  # tracing at a 1 % sample rate may cost at most 3 % of the throughput
 
 
-def with_tracing(text: str, endpoint: str, sample_rate: float, service_name: str) -> str:
+def with_tracing(text: str, endpoint: str, sample_rate: float, service_name: str, triton_spans: bool = False) -> str:
     """A settings file's text with its [tracing] table (if it has one) replaced by one of these values."""
     kept, inside = [], False
     for line in text.splitlines():
@@ -45,12 +45,15 @@ def with_tracing(text: str, endpoint: str, sample_rate: float, service_name: str
         if not inside:
             kept.append(line)
     table = f'[tracing]\nendpoint = "{endpoint}"\nsample_rate = {sample_rate}\nservice_name = "{service_name}"\n'
+    table += f"triton_spans = {'true' if triton_spans else 'false'}\n"
     return "\n".join(kept) + "\n\n" + table
 
 
-def phase_settings(source: Path, folder: Path, label: str, endpoint: str, sample_rate: float) -> Path:
+def phase_settings(
+    source: Path, folder: Path, label: str, endpoint: str, sample_rate: float, triton_spans: bool = False
+) -> Path:
     path = folder / f"{label}.toml"
-    path.write_text(with_tracing(source.read_text(), endpoint, sample_rate, label))
+    path.write_text(with_tracing(source.read_text(), endpoint, sample_rate, label, triton_spans))
     tracing = load_settings(path).tracing
     assert (tracing.endpoint, tracing.service_name) == (endpoint, label), tracing
     return path
@@ -144,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-s", type=float, default=2.0, help="per route and phase, not counted")
     parser.add_argument("--rounds", type=int, default=2, help="pairs of phases, tracing off then on")
     parser.add_argument("--sample-rate", type=float, default=0.01)
+    parser.add_argument("--triton-spans", action="store_true", help="tracing.triton_spans in the traced phases")
     parser.add_argument("--routes", nargs="+", choices=ROUTES, default=list(ROUTES))
     parser.add_argument("--out", type=Path, default=Path("build/bench"))
     args = parser.parse_args(argv)
@@ -163,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                 traced = index % 2 == 1
                 label = f"tracing-{'on' if traced else 'off'}-{index // 2 + 1}"
                 endpoint = receiver.url if traced else ""
-                path = phase_settings(settings.path, Path(folder), label, endpoint, args.sample_rate)
+                path = phase_settings(settings.path, Path(folder), label, endpoint, args.sample_rate, args.triton_spans)
                 started = time.monotonic()
                 log = args.out / "tracing_cost_launcher.log"
                 launcher = Launcher(path, settings.repository_dir, Ports.free(), log).start()
@@ -191,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         "concurrency": args.concurrency,
         "duration_s": args.duration_s,
         "sample_rate": args.sample_rate,
+        "triton_spans": args.triton_spans,
         "note": "a server per phase, phases alternate tracing off and on; load generators share the machine",
         "phases": phases,
         "spans_by_service": dict(spans),

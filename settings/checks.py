@@ -96,6 +96,8 @@ def check(settings: Settings) -> None:
         )
     if not 0 < tracing.sample_rate <= 1 or not tracing.service_name:
         raise SettingsError("tracing needs sample_rate in (0, 1] and a service_name")
+    if not isinstance(tracing.triton_spans, bool):
+        raise SettingsError("tracing.triton_spans is true or false")
     _check_loadtest(settings.loadtest, settings.ensemble.max_batch_size)
 
 

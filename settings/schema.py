@@ -139,6 +139,7 @@ class TracingSettings:
     endpoint: str
     sample_rate: float
     service_name: str
+    triton_spans: bool
 
 
 @dataclasses.dataclass(frozen=True)

@@ -283,7 +283,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trace-service-name", default="bert-triton", help="tracing.service_name")
     args = parser.parse_args(argv)
     configure(args.log_format)
-    settings = TracingSettings(args.trace_endpoint, args.trace_sample_rate, args.trace_service_name)
+    # Only the front's own spans are its business: whether Triton traces too is the launcher's flag.
+    settings = TracingSettings(args.trace_endpoint, args.trace_sample_rate, args.trace_service_name, triton_spans=False)
     app = make_app(args.upstream, args.max_body_bytes, Tracing.of(settings, "front"))
     # The launcher stops the front after tritonserver: whatever is still in flight then is answered 503 at once.
     web.run_app(app, host=args.host, port=args.port, reuse_port=True, access_log=None, print=None, shutdown_timeout=5)

@@ -124,7 +124,7 @@ def server_command(
         "--log-verbose=0",
         "--log-format=ISO8601",
         *(control if admin_key else []),
-        *(trace_flags(tracing) if tracing and tracing.endpoint else []),
+        *(trace_flags(tracing) if tracing and tracing.endpoint and tracing.triton_spans else []),
         *([f"--http-restricted-api={inference}", f"--grpc-restricted-protocol={inference}"] if inference else []),
         *(CPU_ONLY_FLAGS if not uses_gpus else []),
     ]

@@ -58,9 +58,11 @@ def test_object_store_with_an_api_key_restricts_inference_as_the_launcher_does(c
 
 def test_tracing_reaches_the_launcher_the_api_front_and_an_object_store_tritonserver(chart):
     tracing = {"endpoint": "http://otel-collector.observability:4318", "sampleRate": 0.05, "serviceName": "rag"}
+    tracing["tritonSpans"] = True
     overrides = [
         "--set", 'tracing.endpoint="http://otel-collector.observability:4318"',
         "--set", "tracing.sample_rate=0.05", "--set", 'tracing.service_name="rag"',
+        "--set", "tracing.triton_spans=true",
     ]  # fmt: skip
     api = [c for c in pod_spec(render(chart, {**overlay("api-front"), "tracing": tracing}))["containers"]]
     for container in api:
@@ -70,7 +72,8 @@ def test_tracing_reaches_the_launcher_the_api_front_and_an_object_store_tritonse
     values["tracing"] = tracing
     container = server_container(render(chart, values))
     settings = load_settings(ROOT / "settings" / "defaults.toml", [f'tracing.{k}' for k in (
-        'endpoint="http://otel-collector.observability:4318"', "sample_rate=0.05", 'service_name="rag"')])  # fmt: skip
+        'endpoint="http://otel-collector.observability:4318"', "sample_rate=0.05", 'service_name="rag"',
+        "triton_spans=true")])  # fmt: skip
     launcher = object_store_flags(settings, tracing=settings.tracing)
     assert container["args"][1:] == launcher[1:]
     assert "--trace-config=rate=20" in launcher
@@ -125,3 +128,13 @@ def test_tensorrt_overlay_builds_plans_per_gpu_product(chart):
     assert claim["metadata"]["annotations"]["helm.sh/hook"] == "pre-install"
     assert int(claim["metadata"]["annotations"]["helm.sh/hook-weight"]) < int(annotations["helm.sh/hook-weight"])
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+
+
+def test_tracing_leaves_tritonserver_s_own_spans_off_unless_asked(chart):
+    """Triton 2.51 crashes with its tracing on under load (upstream server issue 7795): the fronts trace, the
+    object store's tritonserver (started by the chart itself) does not, until tracing.tritonSpans says so."""
+    values = copy.deepcopy(overlay("cpu"))
+    values["tracing"] = {"endpoint": "http://otel-collector:4318", "sampleRate": 0.01, "serviceName": "rag"}
+    values["tracing"]["tritonSpans"] = False
+    args = server_container(render(chart, values))["args"]
+    assert not any(arg.startswith("--trace-config") for arg in args)

@@ -29,7 +29,8 @@ def traced(settings, repository, receiver, tmp_path_factory):
     text = settings.path.read_text()
     text, count = re.subn(r'^endpoint = ""', f'endpoint = "{receiver.url}"', text, flags=re.M)
     text, rates = re.subn(r"^sample_rate = [0-9.]+", "sample_rate = 1.0", text, flags=re.M)
-    assert count == rates == 1
+    text, spans = re.subn(r"^triton_spans = false", "triton_spans = true", text, flags=re.M)  # Triton's spans too
+    assert count == rates == spans == 1
     (folder / "settings.toml").write_text(text)
     started = Launcher(folder / "settings.toml", repository, Ports.free(), folder / "launcher.log").start()
     yield started

@@ -26,7 +26,10 @@ def test_tracing_is_off_by_default_and_then_costs_nothing():
 
 
 def test_tracing_on_starts_tritonserver_with_opentelemetry_towards_the_same_collector():
-    settings = load_settings(None, ['tracing.endpoint="http://collector:4318/"', "tracing.sample_rate=0.25"])
+    on = ['tracing.endpoint="http://collector:4318/"', "tracing.sample_rate=0.25"]
+    fronts_only = load_settings(None, on)
+    assert not any(flag.startswith("--trace-config") for flag in triton_flags(fronts_only)), "upstream issue 7795"
+    settings = load_settings(None, [*on, "tracing.triton_spans=true"])
     assert trace_flags(settings.tracing) == [
         "--trace-config=mode=opentelemetry",
         "--trace-config=opentelemetry,url=http://collector:4318/v1/traces",

@@ -385,6 +385,8 @@ nothing while tracing.endpoint is empty (the embedded settings' [tracing] then h
 - tracing.sample_rate={{ .sampleRate }}
 - --set
 - tracing.service_name={{ .serviceName | quote }}
+- --set
+- tracing.triton_spans={{ .tritonSpans }}
 {{- end }}
 {{- end }}
 {{- end }}
