@@ -14,6 +14,7 @@ no provider, no spans, no headers.
 from __future__ import annotations
 
 import contextlib
+import random
 from collections.abc import Iterator, Mapping
 
 from settings.schema import TracingSettings
@@ -30,12 +31,15 @@ class Tracing:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
-        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+        from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         self._trace, self._context, self._propagator = trace, Context, TraceContextTextMapPropagator()
         resource = Resource.create({"service.name": f"{settings.service_name}-{component}"})
-        self.provider = TracerProvider(resource=resource, sampler=ParentBased(TraceIdRatioBased(settings.sample_rate)))
+        # A request without a caller's context is sampled here, before OpenTelemetry sees it (request_span), so
+        # the SDK traces every root it is given and follows a caller's flag.
+        self.provider = TracerProvider(resource=resource, sampler=ParentBased(ALWAYS_ON))
+        self.sample_rate, self._draw = settings.sample_rate, random.Random().random
         exporter = OTLPSpanExporter(endpoint=f"{settings.endpoint.rstrip('/')}/v1/traces")
         self.provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
         self.tracer = self.provider.get_tracer("bert-triton")
@@ -47,7 +51,12 @@ class Tracing:
     @contextlib.contextmanager
     def request_span(self, name: str, headers: Mapping[str, str], request_id: str) -> Iterator[dict[str, str]]:
         """A server span for one request, in the caller's trace if its headers carry one; yields the headers
-        that pass this span's context on (empty when it is not sampled)."""
+        that pass this span's context on (empty when it is not sampled). A request without a traceparent that
+        the sample rate leaves out costs one random draw, no span and no context: with the SDK's unsampled spans
+        the API front served 5 % less at c=64 on an H200 at a 1 % rate (docs/deployment.md)."""
+        if "traceparent" not in headers and self._draw() >= self.sample_rate:
+            yield {}
+            return
         parent = self._propagator.extract({key.lower(): value for key, value in headers.items()})
         with self.tracer.start_as_current_span(
             name, context=parent, kind=self._trace.SpanKind.SERVER, attributes={"request.id": request_id}

@@ -48,3 +48,21 @@ def test_tracing_on_starts_tritonserver_with_opentelemetry_towards_the_same_coll
 def test_tracing_settings_that_cannot_work_are_refused(override):
     with pytest.raises(SettingsError, match="tracing"):
         load_settings(None, ['tracing.endpoint="http://c:4318"', override])
+
+
+def test_requests_without_a_caller_s_context_are_sampled_at_the_rate_and_a_caller_s_flag_is_followed():
+    import random
+
+    settings = load_settings(None, ['tracing.endpoint="http://127.0.0.1:9"', "tracing.sample_rate=0.25"])
+    tracing = Tracing(settings.tracing, "api")
+    tracing._draw = random.Random(7).random  # a fixed sequence of draws for this test
+    traced = 0
+    for index in range(2000):
+        with tracing.request_span("POST /v1/embeddings", {}, str(index)) as carrier:
+            traced += bool(carrier)
+    assert 400 < traced < 600, traced  # 2000 x 0.25
+    sampled, unsampled = (f"00-{'ab' * 16}-{'cd' * 8}-{flag}" for flag in ("01", "00"))
+    with tracing.request_span("POST /v1/embeddings", {"traceparent": sampled}, "x") as carrier:
+        assert carrier["traceparent"].startswith(f"00-{'ab' * 16}-")
+    with tracing.request_span("POST /v1/embeddings", {"traceparent": unsampled}, "y") as carrier:
+        assert carrier == {}
