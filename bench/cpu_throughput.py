@@ -23,7 +23,7 @@ import torch
 from tritonclient.grpc import service_pb2
 
 from bench.e2e_bench import parse_shapes
-from common.engine_choice import choose_engine
+from bench.engine_workload import cosine as embedding_cosine
 from export.checkpoint import resolve_source
 from loadtest.corpus import load_text
 from model_repository.generate import generate
@@ -57,11 +57,6 @@ def encode_rate(model, texts: list[str], batch_size: int) -> tuple[float, np.nda
 
 def sentence_transformers_rate(source: str, texts: list[str], batch_size: int) -> tuple[float, np.ndarray]:
     return encode_rate(sentence_transformer(source, texts, batch_size), texts, batch_size)
-
-
-def min_cosine(served: np.ndarray, reference: np.ndarray) -> float:
-    dot = (served * reference).sum(axis=1)
-    return float((dot / (np.linalg.norm(served, axis=1) * np.linalg.norm(reference, axis=1))).min())
 
 
 async def ensemble_rate(
@@ -111,8 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
     reference, expected = sentence_transformers_rate(settings.model.source, texts, args.st_batch_size)
     print(f"sentence-transformers encode(batch_size={args.st_batch_size}): {reference:.1f} texts/s", flush=True)
-    engine = settings.engine
-    choice = choose_engine(engine.kind, engine.precision, bool(settings.encoder.gpus))
+    choice = settings.engine_choice()
     print(f"served: {choice.describe()}", flush=True)
     runs = []
     bench_dir = settings.build_dir / "bench"
@@ -121,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     with local_server(settings, repository, bench_dir) as server:
         for per_request, concurrency in parse_shapes(args.shapes):
             rate, client_us, served = asyncio.run(ensemble_rate(server.grpc_url, texts, per_request, concurrency))
-            cosine = min_cosine(served, expected)
+            cosine = float(embedding_cosine(served, expected).min())
             runs.append(
                 {
                     "texts_per_request": per_request,

@@ -153,10 +153,9 @@ def spin_up(device, seconds: float = 2.0) -> None:
 
 
 def settings_engine(settings, device: str):
-    """The engine a stage of these settings runs on `device`, "auto" decided as the stage decides it."""
-    from common.engine_choice import choose_engine
+    """The engine a stage of these settings runs on `device` (one of encoder.gpus, or the CPU without them)."""
     from model_repository.stages.engines import load_engine
 
-    choice = choose_engine(settings.engine.kind, settings.engine.precision, device != "cpu")
+    choice = settings.engine_choice()
     options = {"precision": choice.precision, **settings.engine.options}
     return load_engine(choice.kind, settings.export_dir, device, options)

@@ -8,6 +8,8 @@ import hashlib
 import json
 from pathlib import Path
 
+from common.engine_choice import EngineChoice, choose_engine
+
 ROOT = Path(__file__).resolve().parent.parent  # the project: build_dir and settings paths are relative to it
 
 # embedding: pooled vectors; classification: a label and its scores; rerank: a cross-encoder's score for each
@@ -179,6 +181,11 @@ class Settings:
         if self.ensemble.topology != "auto":
             return self.ensemble.topology
         return "two_stage" if self.engine.kind == "tensorrt" else "one_stage"
+
+    def engine_choice(self) -> EngineChoice:
+        """The engine and precision a stage of these settings runs on this machine, "auto" decided as the stage
+        decides it (common/engine_choice.py)."""
+        return choose_engine(self.engine.kind, self.engine.precision, bool(self.encoder.gpus))
 
     @property
     def build_dir(self) -> Path:

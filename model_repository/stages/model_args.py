@@ -34,7 +34,9 @@ def engine_from_args(args: dict, params: dict, log: Callable[[str], None]) -> En
     version_dir = Path(args["model_repository"]) / args["model_version"]
     choice = choose_engine(params["engine_kind"], params.get("precision", "auto"), device != "cpu")
     log(f"{args['model_instance_name']}: {choice.describe()}")
-    options = {"precision": choice.precision, **({"threads": params["threads"]} if "threads" in params else {})}
+    options = {"precision": choice.precision}
+    if "threads" in params:
+        options["threads"] = params["threads"]
     options.update(
         {key.removeprefix(OPTION_PREFIX): value for key, value in params.items() if key.startswith(OPTION_PREFIX)}
     )

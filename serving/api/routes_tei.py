@@ -9,7 +9,6 @@ import numpy as np
 from aiohttp import web
 
 from common.contract import QUERY_INPUT, SCORE_OUTPUT, TEXT_INPUT
-from common.engine_choice import choose_engine
 from serving.api.models import ServedModel
 from serving.api.routes_openai import embed_texts
 from serving.api.schema import (
@@ -156,8 +155,7 @@ def model_info(model: ServedModel) -> dict:
         model_type = {"reranker": {"id2label": {"0": "score"}}}
     else:
         model_type = {"embedding": {"pooling": spec.pooling, "dimensions": spec.output_size}}
-    engine = model.settings.engine
-    choice = choose_engine(engine.kind, engine.precision, bool(model.settings.encoder.gpus))
+    choice = model.settings.engine_choice()
     return {
         "model_id": model.name,
         "model_dtype": choice.precision,
