@@ -4,14 +4,14 @@ The API front's CPU per request (bench.api_cost) is the HTTP server's, the front
 call. This isolates the first two to choose the server by measurement: every option serves POST /v1/embeddings
 with the same work the front does around its Triton call (orjson, serving/api/schema.py's openai_request and
 openai_response, service.answer's orjson), answering with one fixed unit vector of `--dims` per text (the
-embedding the model would have sent; nothing else is stubbed). Options: `aiohttp` (the front until
-2026-12-02), `aiohttp-uvloop`, `granian` (Rust HTTP, RSGI, one worker of one runtime thread, uvloop) and
-`granian-front` (the front's own HTTP layer, serving/api/http.py: granian embedded in an asyncio loop, each
-request watched for its client leaving), each one process pinned to the last core; an option whose package
-is missing is skipped, with the reason in the record. The load is a closed loop of `--concurrency`
-connections from wrk (Debian's; pinned to the other cores) or, where wrk is missing, perf_analyzer's OpenAI
-mode; rounds alternate the servers. Per server and concurrency: requests/s, p50/p99, and the server's CPU
-microseconds per request (/proc, all its processes and threads, over the requests it counted itself).
+embedding the model would have sent; nothing else is stubbed). Options: `aiohttp` (the front),
+`aiohttp-uvloop`, `granian` (Rust HTTP, RSGI, one worker of one runtime thread, uvloop), each one process
+pinned to the last core; an option whose package is missing is skipped, with the reason in the record. The
+load is a closed loop of `--concurrency` connections from wrk (Debian's; pinned to the other cores) or, where
+wrk is missing, perf_analyzer's OpenAI mode; rounds alternate the servers. Per server and concurrency:
+requests/s, p50/p99, and the server's CPU microseconds per request (/proc, all its processes and threads,
+over the requests it counted itself). A server cheaper here need not be cheaper in the front: granian,
+embedded in the front's asyncio loop, served the H200's real path 6-21 % slower than aiohttp (docs/api.md).
 
 It also times the JSON answer alone per encoder (`--dims` floats, 1 and 8 texts): orjson on numpy rows (the
 front), orjson on lists, the standard json module, msgspec where installed, and base64 (OpenAI SDKs' default).
@@ -42,8 +42,7 @@ from bench.record import header, write
 from serving.api.schema import Limits, openai_request, openai_response
 from serving.launcher.procfs import child_processes, process_cpu_s
 
-# option: the package it needs
-SERVERS = {"aiohttp": "aiohttp", "aiohttp-uvloop": "uvloop", "granian": "granian", "granian-front": "granian"}
+SERVERS = {"aiohttp": "aiohttp", "aiohttp-uvloop": "uvloop", "granian": "granian"}  # option: the package it needs
 TEXT = "A man is eating food while sitting at a table in the garden, and the waiter brings more bread."
 ROUTE = "/v1/embeddings"
 
@@ -100,20 +99,6 @@ def serve(kind: str, port: int, dims: int) -> None:
             "bench.http_servers:rsgi_app", address="127.0.0.1", port=port, interface=Interfaces.RSGI, workers=1,
             runtime_threads=1, loop=Loops.uvloop, log_enabled=False,
         ).serve()  # fmt: skip
-    elif kind == "granian-front":
-        import asyncio
-
-        from serving.api.http import Request, Response, RsgiApp
-        from serving.api.http import serve as serve_front
-
-        answerer = Answerer(dims)
-
-        async def answer(request: Request) -> Response:
-            if request.method == "GET":
-                return Response(str(answerer.answered).encode(), content_type="text/plain")
-            return Response(answerer(await request.read()))
-
-        asyncio.run(serve_front(RsgiApp(None, answer, 1 << 21), "127.0.0.1", port, asyncio.Event()))
     else:
         raise SystemExit(f"unknown server {kind!r}")
 

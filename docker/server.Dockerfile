@@ -22,7 +22,6 @@ ARG TRITONCLIENT_VERSION=2.73.0
 ARG TOMLI_VERSION=2.5.0
 ARG AIOHTTP_VERSION=3.14.5
 ARG ORJSON_VERSION=3.13.0
-ARG GRANIAN_VERSION=2.8.9
 ARG OPENTELEMETRY_VERSION=1.45.2
 ARG NVIDIA_ML_PY_VERSION=13.615.71
 ARG WITH_TORCH=0
@@ -52,7 +51,6 @@ RUN python3 -m pip install --no-cache-dir \
         "tritonclient[grpc]==${TRITONCLIENT_VERSION}" \
         "aiohttp==${AIOHTTP_VERSION}" \
         "orjson==${ORJSON_VERSION}" \
-        "granian==${GRANIAN_VERSION}" \
         "opentelemetry-sdk==${OPENTELEMETRY_VERSION}" \
         "opentelemetry-exporter-otlp-proto-http==${OPENTELEMETRY_VERSION}" \
         "nvidia-ml-py==${NVIDIA_ML_PY_VERSION}" \

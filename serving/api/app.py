@@ -2,8 +2,7 @@
 
     python -m serving.api [--settings FILE ...] [--grpc HOST:PORT] [--port N]
 
-Routes (one process, its HTTP on granian: http.py; the launcher runs api.workers of them on api.port), by who
-calls them:
+Routes (one aiohttp process; the launcher runs api.workers of them on api.port), by who calls them:
 
     OpenAI (routes_openai.py)   POST /v1/embeddings (/embeddings), GET /v1/models[/{model}]
     TEI (routes_tei.py)         POST /, /embed, /predict, /rerank, /similarity, /tokenize, /decode; GET /info
@@ -32,15 +31,15 @@ import sys
 from pathlib import Path
 
 import aiohttp
+from aiohttp import web
 
 from protocol.api_key import HEADER, accepted
 from serving.api import routes_cohere, routes_openai, routes_tei
 from serving.api.cors import PREFLIGHT, cors_headers, is_preflight
-from serving.api.http import BodyTooLarge, Request, Response, Routes, RsgiApp, serve
 from serving.api.models import Models
 from serving.api.request_context import CURRENT, RequestContext
 from serving.api.schema import ApiError
-from serving.api.service import Api, answer, api_of
+from serving.api.service import API, Api, answer, api_of
 from serving.log import configure
 from serving.request_id import REQUEST_ID, request_id
 from serving.tracing import request_span
@@ -51,7 +50,7 @@ log = logging.getLogger("api")
 OPEN_PATHS = frozenset({"/health", "/metrics"})  # probes and scrapes need no key
 
 
-async def health(request: Request) -> Response:
+async def health(request: web.Request) -> web.Response:
     api = api_of(request)
     try:
         async with api.session.get(api.ready_url) as response:
@@ -64,7 +63,7 @@ async def health(request: Request) -> Response:
     return answer({"status": "ready"})
 
 
-async def metrics(request: Request) -> Response:
+async def metrics(request: web.Request) -> web.Response:
     """The server's metrics port, then this front's texts and requests per Triton call (call_stats.py)."""
     api = api_of(request)
     try:
@@ -73,48 +72,33 @@ async def metrics(request: Request) -> Response:
     except (aiohttp.ClientError, asyncio.TimeoutError):
         raise ApiError(503, f"the metrics port {api.metrics_url} did not answer", code="not_ready") from None
     if status != 200:
-        return Response(server, status, content_type="text/plain")
+        return web.Response(body=server, status=status, content_type="text/plain")
     separator = b"" if not server or server.endswith(b"\n") else b"\n"
-    return Response(server + separator + api.stats.prometheus().encode(), content_type="text/plain")
+    return web.Response(body=server + separator + api.stats.prometheus().encode(), content_type="text/plain")
 
 
-def make_routes() -> Routes:
-    routes = Routes()
-    for served in (routes_openai, routes_tei, routes_cohere):
-        served.add_routes(routes)
-    routes.add_get("/health", health)
-    routes.add_get("/metrics", metrics)
-    return routes
+@web.middleware
+async def guard(request: web.Request, handler) -> web.StreamResponse:
+    """What every request gets: its id and RequestContext, CORS for allowed origins, the shared checks, and its
+    id and timing headers on the answer, whatever it is."""
+    api = api_of(request)
+    context = RequestContext(request_id(request.headers.get(REQUEST_ID)))
+    CURRENT.set(context)
+    cors = cors_headers(request.headers.get("Origin"), api.deployment.api.cors_allow_origins)
+    if cors and is_preflight(request.method, request.headers):
+        return web.Response(status=204, headers={**cors, **PREFLIGHT})
+    with request_span(api.tracing, f"{request.method} {request.path[:200]}", request.headers, context.id) as trace:
+        context.trace = trace
+        response = await checked(request, handler, api, context)
+    response.headers.update({**context.headers(), **cors})
+    return response
 
 
-class Guard:
-    """What every request gets: its id and RequestContext, CORS for allowed origins, its route, the shared
-    checks, and its id and timing headers on the answer, whatever it is."""
-
-    def __init__(self, api: Api, routes: Routes) -> None:
-        self.api, self.routes = api, routes
-
-    async def __call__(self, request: Request) -> Response:
-        api = self.api
-        context = RequestContext(request_id(request.headers.get(REQUEST_ID)))
-        CURRENT.set(context)
-        cors = cors_headers(request.headers.get("Origin"), api.deployment.api.cors_allow_origins)
-        if cors and is_preflight(request.method, request.headers):
-            return Response(b"", 204, headers={**cors, **PREFLIGHT})
-        where = f"{request.method} {request.path[:200]}"
-        with request_span(api.tracing, where, request.headers, context.id) as trace:
-            context.trace = trace
-            response = await checked(request, self.routes, api, context)
-        response.headers.update({**context.headers(), **cors})
-        return response
-
-
-async def checked(request: Request, routes: Routes, api: Api, context: RequestContext) -> Response:
-    """The checks every route shares, in order: route, key, body size, concurrency; then errors in OpenAI's
-    shape, the server's (5xx) logged with the request's id."""
+async def checked(request: web.Request, handler, api: Api, context: RequestContext) -> web.StreamResponse:
+    """The checks every route shares, in order: key, body size, concurrency; then errors in OpenAI's shape,
+    the server's (5xx) logged with the request's id."""
     settings = api.deployment.api
     try:
-        handler = routes.find(request)
         if api.api_key and request.path not in OPEN_PATHS and not accepted(request.headers.get(HEADER), api.api_key):
             raise ApiError(401, "a valid API key is required: send Authorization: Bearer <key>", code="invalid_api_key")
         limit = settings.max_body_bytes
@@ -136,24 +120,22 @@ async def checked(request: Request, routes: Routes, api: Api, context: RequestCo
         if exc.status == 413:
             response.force_close()  # the body is not read: this connection ends here
         return response
-    except BodyTooLarge:
+    except web.HTTPRequestEntityTooLarge:
         limit = settings.max_body_bytes
         response = answer(ApiError(413, f"the body passed api.max_body_bytes = {limit} bytes").body(), 413)
         response.force_close()
         return response
 
 
-async def run(api: Api, host: str, port: int) -> None:
-    """One worker: its connections, then HTTP on host:port until SIGTERM or SIGINT; requests in flight finish."""
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stopping.set)
-    await api.open()
-    try:
-        await serve(RsgiApp(api, Guard(api, make_routes()), api.deployment.api.max_body_bytes), host, port, stopping)
-    finally:
-        await api.close()
+def make_app(api: Api) -> web.Application:
+    app = web.Application(middlewares=[guard], client_max_size=api.deployment.api.max_body_bytes)
+    app[API] = api
+    app.cleanup_ctx.append(api.start)
+    for routes in (routes_openai, routes_tei, routes_cohere):
+        routes.add_routes(app.router)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    return app
 
 
 def command(
@@ -206,4 +188,13 @@ def main(argv: list[str] | None = None) -> None:
         args.ready_url or f"http://127.0.0.1:{server.health_port}/ready",
         args.metrics_url or f"http://127.0.0.1:{server.metrics_port}/metrics",
     )
-    asyncio.run(run(api, host, port))
+    web.run_app(
+        make_app(api),
+        host=host,
+        port=port,
+        reuse_port=True,
+        access_log=None,
+        print=None,
+        handler_cancellation=True,  # a client gone away leaves the Coalescer's queue
+        shutdown_timeout=5,
+    )

@@ -11,7 +11,7 @@ so one call of 8 texts costs far less than 8 calls of one. Within one worker and
 A call carries at most ensemble.max_batch_size texts and tokenizer.max_request_bytes; a request that alone
 reaches either goes by itself (TritonLink splits it). Each request gets its own rows back, in order. The texts
 were checked before they queued (schema.py); if Triton still refuses a coalesced call, each of its requests is
-sent again alone, so a bad text fails its own request only. A request whose client went away (http.py cancels
+sent again alone, so a bad text fails its own request only. A request whose client went away (aiohttp cancels
 its handler) leaves the queue; once sent, its rows are computed and dropped. api.coalesce_calls = 0: every
 request is a call of its own. Each request's RequestContext gets the time it queued and the time of the
 call that carried it; the call's Triton id lists the ids of its requests, and it carries the trace context

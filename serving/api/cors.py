@@ -27,4 +27,4 @@ def cors_headers(origin: str | None, allowed: tuple[str, ...]) -> dict[str, str]
 
 
 def is_preflight(method: str, headers) -> bool:
-    return method == "OPTIONS" and headers.get("Access-Control-Request-Method") is not None
+    return method == "OPTIONS" and "Access-Control-Request-Method" in headers

@@ -5,7 +5,7 @@ response carries them as the headers TEI's clients read.
 
 A request's id (serving/request_id.py) is echoed in the response, sent to Triton as the ModelInferRequest's
 id (a coalesced call carries the ids of its requests) and put in the log lines about it.
-The context lives in a context variable: granian runs each request's handler in a task of its own, so
+The context lives in a context variable: aiohttp runs each request's handler in a task of its own, so
 requests that share a call never see each other's.
 """
 

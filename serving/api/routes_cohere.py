@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import uuid
 
-from serving.api.http import Request, Response, Routes
+from aiohttp import web
+
 from serving.api.routes_tei import pair_scores
 from serving.api.schema import cohere_rerank_request, cohere_response, sigmoid
 from serving.api.service import answer, api_of, read_json
@@ -14,7 +15,7 @@ from serving.api.truncation import keep_first
 
 
 def rerank(version: str):
-    async def handler(request: Request) -> Response:
+    async def handler(request: web.Request) -> web.Response:
         api = api_of(request)
         body = await read_json(request)
         model = api.models.named(body.get("model") if isinstance(body, dict) else None, "rerank")
@@ -30,6 +31,6 @@ def rerank(version: str):
     return handler
 
 
-def add_routes(router: Routes) -> None:
+def add_routes(router: web.UrlDispatcher) -> None:
     router.add_post("/v2/rerank", rerank("2"))
     router.add_post("/v1/rerank", rerank("1"))

@@ -3,13 +3,14 @@ langchain-openai make. A request names its model; a one-model server answers for
 
 from __future__ import annotations
 
+from aiohttp import web
+
 from common.contract import TEXT_INPUT, TOKENS_OUTPUT
-from serving.api.http import Request, Response, Routes
 from serving.api.schema import ApiError, openai_request, openai_response, shaped
 from serving.api.service import answer, api_of, read_json
 
 
-async def embed_texts(request: Request, model, encoded: list[bytes], dimensions: int | None, normalize: bool):
+async def embed_texts(request: web.Request, model, encoded: list[bytes], dimensions: int | None, normalize: bool):
     """(embeddings, tokens) of texts already UTF-8, truncated to `dimensions` and renormalized as asked."""
     outputs = await api_of(request).infer(model, {TEXT_INPUT: encoded}, ["embedding"])
     # An already unit-length embedding (the export normalizes) needs renormalizing only when truncated.
@@ -17,7 +18,7 @@ async def embed_texts(request: Request, model, encoded: list[bytes], dimensions:
     return shaped(outputs["embedding"], dimensions, renormalize), outputs[TOKENS_OUTPUT]
 
 
-async def embeddings(request: Request) -> Response:
+async def embeddings(request: web.Request) -> web.Response:
     api = api_of(request)
     body = await read_json(request)
     model = api.models.named(body.get("model") if isinstance(body, dict) else None, "embedding")
@@ -26,7 +27,7 @@ async def embeddings(request: Request) -> Response:
     return answer(openai_response(vectors, tokens, parsed.encoding_format, model.name))
 
 
-async def models(request: Request) -> Response:
+async def models(request: web.Request) -> web.Response:
     api = api_of(request)
     listed = [
         {"id": model.name, "object": "model", "created": api.created, "owned_by": "bert-triton"}
@@ -44,7 +45,7 @@ async def models(request: Request) -> Response:
     return answer({"object": "list", "data": listed})
 
 
-def add_routes(router: Routes) -> None:
+def add_routes(router: web.UrlDispatcher) -> None:
     router.add_post("/v1/embeddings", embeddings)
     router.add_post("/embeddings", embeddings)
     router.add_get("/v1/models", models)

@@ -6,9 +6,9 @@ goes to the first served model of its task."""
 from __future__ import annotations
 
 import numpy as np
+from aiohttp import web
 
 from common.contract import QUERY_INPUT, SCORE_OUTPUT, TEXT_INPUT
-from serving.api.http import Request, Response, Routes
 from serving.api.models import ServedModel
 from serving.api.routes_openai import embed_texts
 from serving.api.schema import (
@@ -47,7 +47,7 @@ def prepared(model: ServedModel, encoded: list[bytes], body: dict, param: str = 
     return [text.encode("utf-8") for text in texts]
 
 
-async def embed(request: Request) -> Response:
+async def embed(request: web.Request) -> web.Response:
     model = api_of(request).models.for_task("embedding")
     encoded, body = tei_request(await read_json(request), model.limits, EMBED_FIELDS)
     width = dimensions(body.get("dimensions"), model.limits)
@@ -55,7 +55,7 @@ async def embed(request: Request) -> Response:
     return answer(vectors)
 
 
-async def predict(request: Request) -> Response:
+async def predict(request: web.Request) -> web.Response:
     model = api_of(request).models.for_task("classification")
     encoded, body = tei_request(await read_json(request), model.limits, frozenset({"truncate", "raw_scores"}))
     if body.get("raw_scores"):
@@ -65,13 +65,13 @@ async def predict(request: Request) -> Response:
     return answer(ranked[0] if isinstance(body["inputs"], str) else ranked)
 
 
-async def pair_scores(request: Request, model: ServedModel, question: bytes, texts: list[bytes]) -> np.ndarray:
+async def pair_scores(request: web.Request, model: ServedModel, question: bytes, texts: list[bytes]) -> np.ndarray:
     """The reranker's logit for each (query, text) pair."""
     inputs = {QUERY_INPUT: [question] * len(texts), TEXT_INPUT: texts}
     return (await api_of(request).infer(model, inputs, [SCORE_OUTPUT]))[SCORE_OUTPUT].reshape(-1)
 
 
-async def rerank(request: Request) -> Response:
+async def rerank(request: web.Request) -> web.Response:
     model = api_of(request).models.for_task("rerank")
     fields = frozenset({"texts", "raw_scores", "return_text", "truncate", "truncation_direction"})
     body = tei_fields(await read_json(request), fields, "query")
@@ -87,7 +87,7 @@ async def rerank(request: Request) -> Response:
     return answer(tei_ranks(scores, texts, bool(body.get("return_text"))))
 
 
-async def similarity(request: Request) -> Response:
+async def similarity(request: web.Request) -> web.Response:
     """{"inputs": {"source_sentence", "sentences"}} -> the cosine of each sentence to the source sentence."""
     model = api_of(request).models.for_task("embedding")
     body = tei_fields(
@@ -104,7 +104,7 @@ async def similarity(request: Request) -> Response:
     return answer((vectors[1:] @ vectors[0]).astype(np.float64))
 
 
-async def tokenize(request: Request) -> Response:
+async def tokenize(request: web.Request) -> web.Response:
     model = api_of(request).models.first
     encoded, body = tei_request(
         await read_json(request), model.limits, frozenset({"add_special_tokens", "prompt_name"})
@@ -129,7 +129,7 @@ async def tokenize(request: Request) -> Response:
     return answer(results)
 
 
-async def decode(request: Request) -> Response:
+async def decode(request: web.Request) -> web.Response:
     """{"ids": [int, ...] or [[int, ...], ...], "skip_special_tokens"} -> the texts, one per sequence."""
     model = api_of(request).models.first
     body = tei_fields(await read_json(request), frozenset({"skip_special_tokens"}), "ids")
@@ -168,7 +168,7 @@ def model_info(model: ServedModel) -> dict:
     }
 
 
-async def info(request: Request) -> Response:
+async def info(request: web.Request) -> web.Response:
     """The first model's TEI /info, and every served model's under "models"."""
     api = api_of(request)
     described = [model_info(model) for model in api.models.all]
@@ -176,13 +176,13 @@ async def info(request: Request) -> Response:
     return answer({**described[0], "max_concurrent_requests": limit, "models": described})
 
 
-async def root(request: Request) -> Response:
+async def root(request: web.Request) -> web.Response:
     """POST /, as TEI answers it: the first model's task decides (embed, predict, rerank)."""
     handler = {"embedding": embed, "classification": predict, "rerank": rerank}[api_of(request).models.first.task]
     return await handler(request)
 
 
-def add_routes(router: Routes) -> None:
+def add_routes(router: web.UrlDispatcher) -> None:
     router.add_post("/", root)
     router.add_post("/embed", embed)
     router.add_post("/predict", predict)

@@ -9,18 +9,20 @@ import time
 
 import aiohttp
 import orjson
+from aiohttp import web
 
 from common.contract import TOKENS_OUTPUT
 from protocol.api_key import api_key
 from serving.api.call_stats import CallStats
 from serving.api.coalescer import Coalescer
-from serving.api.http import Request, Response
 from serving.api.models import Models, ServedModel
 from serving.api.request_context import CURRENT
 from serving.api.schema import ApiError
 from serving.api.triton_link import BadInput, NotReady, Overloaded, TimedOut, TritonError, TritonLink
 from serving.tracing import Tracing
 from settings import Deployment
+
+API = web.AppKey("api", object)
 
 
 class Api:
@@ -40,13 +42,11 @@ class Api:
         self.session: aiohttp.ClientSession | None = None
         self._coalescers: dict[tuple[str, tuple[str, ...]], Coalescer] = {}
 
-    async def open(self) -> None:
-        """The connections, made inside the worker's event loop."""
+    async def start(self, app: web.Application):
         settings = self.deployment.api
         self.link = TritonLink(self.grpc_target, settings.grpc_channels, settings.timeout_s, self.stats, self.api_key)
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
-
-    async def close(self) -> None:
+        yield
         await self.link.close()
         await self.session.close()
         if self.tracing is not None:
@@ -82,7 +82,7 @@ class Api:
         return result
 
 
-async def read_json(request: Request):
+async def read_json(request: web.Request):
     body = await request.read()
     try:
         return orjson.loads(body)
@@ -94,9 +94,10 @@ async def read_json(request: Request):
         raise ApiError(400, f"the body is not JSON ({exc})") from None
 
 
-def answer(data, status: int = 200, headers: dict | None = None) -> Response:
-    return Response(orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY), status, headers=headers or {})
+def answer(data, status: int = 200, headers: dict | None = None) -> web.Response:
+    body = orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY)
+    return web.Response(body=body, status=status, content_type="application/json", headers=headers)
 
 
-def api_of(request: Request) -> Api:
-    return request.api
+def api_of(request: web.Request) -> Api:
+    return request.app[API]
