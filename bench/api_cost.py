@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     arguments = command([settings.path], settings.repository_dir, "127.0.0.1", alone_port, *local)
     alone = FrontWorkers(
-        "API front (coalesce_calls = 0)", [*arguments, "--set", "api.coalesce_calls=0"], settings.api.workers,
+        "API front (coalesce_calls = 0)", [*arguments, "--set", "api.coalesce_calls=0"], settings.api.worker_count(),
         "127.0.0.1", alone_port,
     ).start(timeout_s=60)  # fmt: skip
     routes = {**addresses(ports), "api-base64-alone": f"http://127.0.0.1:{alone_port}/v1/embeddings"}
@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {
         **header("api_cost", argv),
         "settings": str(settings.path),
-        "api_workers": settings.api.workers,
+        "api_workers": settings.api.worker_count(),
         "coalesce": {"calls": settings.api.coalesce_calls, "window_ms": settings.api.coalesce_window_ms},
         "generator": GENERATORS[args.generator].format(processes=args.processes),
         "note": "load generators, API front and tritonserver share the machine; rounds alternate the routes",

@@ -78,9 +78,9 @@ def check(settings: Settings) -> None:
     if front.workers < 0 or front.max_body_bytes < settings.tokenizer.max_request_bytes:
         raise SettingsError("front needs workers >= 0 and max_body_bytes >= tokenizer.max_request_bytes")
     api = settings.api
-    if api.port < 0 or api.workers < 1 or min(api.max_inputs, api.max_concurrent_requests, api.grpc_channels) < 1:
+    if api.port < 0 or api.workers < 0 or min(api.max_inputs, api.max_concurrent_requests, api.grpc_channels) < 1:
         raise SettingsError(
-            "api needs port >= 0, workers >= 1, max_inputs, max_concurrent_requests, grpc_channels >= 1"
+            "api needs port >= 0, workers >= 0, max_inputs, max_concurrent_requests, grpc_channels >= 1"
         )
     if api.coalesce_calls < 0 or not 0 <= api.coalesce_window_ms <= 100:
         raise SettingsError("api needs coalesce_calls >= 0 and coalesce_window_ms in 0..100")

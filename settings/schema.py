@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from common.engine_choice import EngineChoice, choose_engine
+from settings.cores import api_workers
 
 ROOT = Path(__file__).resolve().parent.parent  # the project: build_dir and settings paths are relative to it
 
@@ -132,6 +133,10 @@ class ApiSettings:
     coalesce_calls: int
     coalesce_window_ms: float
     cors_allow_origins: tuple[str, ...]
+
+    def worker_count(self) -> int:
+        """How many workers serve api.port on this machine (settings/cores.py: 0 follows the cores)."""
+        return api_workers(self.workers)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -45,6 +45,7 @@ from serving.request_id import REQUEST_ID, request_id
 from serving.tracing import request_span
 from serving.workers import FrontWorkers
 from settings import load_deployment
+from settings.cores import api_workers
 
 log = logging.getLogger("api")
 OPEN_PATHS = frozenset({"/health", "/metrics"})  # probes and scrapes need no key
@@ -167,16 +168,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ready-url", help="the launcher's readiness (default: 127.0.0.1:server.health_port)")
     parser.add_argument("--metrics-url", help="default: 127.0.0.1:server.metrics_port/metrics")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="a settings override")
-    parser.add_argument("--workers", type=int, default=1, help="processes on the port, each started again if it dies")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="processes on the port, each restarted if it dies (0: api.workers = 0's)"
+    )
     args = parser.parse_args(argv)
     deployment = load_deployment(args.settings, args.set)
     configure(deployment.server.log_format)
     server = deployment.server
     host, port = args.host or server.host, args.port or deployment.api.port
-    if args.workers > 1:  # as a container of its own (the chart): this process supervises the workers
+    count = api_workers(args.workers)
+    if count > 1:  # as a container of its own (the chart): this process supervises the workers
         own = argv if argv is not None else sys.argv[1:]
         arguments = ["-m", "serving.api", *own, "--workers", "1"]
-        workers = FrontWorkers("API front", arguments, args.workers, host, port).start()
+        workers = FrontWorkers("API front", arguments, count, host, port).start()
         signal.signal(signal.SIGTERM, lambda *_: workers.stop() or sys.exit(0))
         signal.pause()
         return

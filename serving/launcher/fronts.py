@@ -43,7 +43,7 @@ def start_api_front(server: TritonServer, settings: Deployment) -> FrontWorkers:
         f"http://127.0.0.1:{ports.health}/ready",
         f"http://127.0.0.1:{ports.metrics}/metrics",
     )
-    return FrontWorkers("API front", arguments, settings.api.workers, server.host, ports.api).start()
+    return FrontWorkers("API front", arguments, settings.api.worker_count(), server.host, ports.api).start()
 
 
 def start_metrics_port(server: TritonServer) -> MetricsProxy:
