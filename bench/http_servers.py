@@ -26,7 +26,6 @@ import importlib.util
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,7 @@ import orjson
 from bench.record import header, write
 from serving.api.schema import Limits, openai_request, openai_response
 from serving.launcher.procfs import child_processes, process_cpu_s
+from serving.launcher.triton_command import free_ports
 
 SERVERS = {"aiohttp": "aiohttp", "aiohttp-uvloop": "uvloop", "granian": "granian"}  # option: the package it needs
 TEXT = "A man is eating food while sitting at a table in the garden, and the waiter brings more bread."
@@ -58,9 +58,10 @@ class Answerer:
 
     def __init__(self, dims: int) -> None:
         self.row, self.answered = vector(dims), 0
+        self.limits = Limits(2048, 1 << 20, dims)  # the front's per model, made once (serving/api/models.py)
 
     def __call__(self, body: bytes) -> bytes:
-        parsed = openai_request(orjson.loads(body), Limits(2048, 1 << 20, self.row.size))
+        parsed = openai_request(orjson.loads(body), self.limits)
         vectors = np.broadcast_to(self.row, (len(parsed.encoded), self.row.size))
         tokens = np.array([len(text) // 4 for text in parsed.encoded], dtype=np.int32)
         answer = openai_response(vectors, tokens, parsed.encoding_format, "bert")
@@ -120,12 +121,6 @@ class RsgiApp:
 rsgi_app = RsgiApp()
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def tree_cpu_s(pid: int) -> float:
     """CPU seconds of a process and its descendants (granian serves from a child process)."""
     children = [child for child, _, _ in child_processes(pid)]
@@ -140,7 +135,7 @@ class Server:
     """One option's server process, started and answering."""
 
     def __init__(self, kind: str, dims: int, core: int) -> None:
-        self.kind, self.port = kind, free_port()
+        self.kind, self.port = kind, free_ports(1)[0]
         command = [sys.executable, "-m", "bench.http_servers", "--serve", kind, "--port", str(self.port)]
         self.process = subprocess.Popen(
             ["taskset", "-c", str(core), *command, "--dims", str(dims)], stdout=subprocess.DEVNULL
