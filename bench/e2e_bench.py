@@ -102,9 +102,10 @@ def run_perf_analyzer(
     }
 
 
-def py_spy_profile(server_pid: int, model: str, seconds: int, out: Path) -> str | None:
-    """Samples one stub of `model` for `seconds` in the background (py-spy record, collapsed stacks); the file
-    it writes, or None without py-spy or such a stub."""
+def py_spy_profile(server_pid: int, model: str, seconds: int, out: Path, idle: bool = False) -> str | None:
+    """Samples one stub of `model` for `seconds` in the background (py-spy record, collapsed stacks; with idle,
+    the samples of threads that wait too, so that a lone request's wall time splits); the file it writes, or
+    None without py-spy or such a stub."""
     binary = os.environ.get("PY_SPY") or shutil.which("py-spy")
     pids = stub_processes(server_pid).get(model)
     if not binary or not pids:
@@ -112,7 +113,7 @@ def py_spy_profile(server_pid: int, model: str, seconds: int, out: Path) -> str 
     path = out / f"py-spy-{model}.txt"
     subprocess.Popen(
         [binary, "record", "--pid", str(pids[0]), "--duration", str(seconds), "--rate", "200", "--format", "raw",
-         "--output", str(path), "--nonblocking"],
+         "--output", str(path), "--nonblocking", *(["--idle"] if idle else [])],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     return str(path)
@@ -158,7 +159,7 @@ def sweep(settings: Settings, args, work: Path, texts: list[str]) -> dict:
             before, cpu_before = model_stats(stats_client), process_cpu.snapshot(server_pid)
             profile = None
             if args.profile and (texts, concurrency) == shapes[-1]:
-                profile = py_spy_profile(server_pid, args.profile, 10, args.out)
+                profile = py_spy_profile(server_pid, args.profile, 10, args.out, args.profile_idle)
             with GpuSampler() as gpu:
                 row = run_perf_analyzer(
                     args.perf_analyzer, url, model, data, concurrency, texts, args.interval_ms, args.stability,
@@ -213,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         "--shapes", default="1x1,1x8,1x32,1x64,1x128,1x200,1x256", help="TEXTS_PER_REQUESTxCONCURRENCY, comma separated"
     )
     parser.add_argument("--profile", metavar="MODEL", help="py-spy one stub of MODEL during the last shape")
+    parser.add_argument("--profile-idle", action="store_true", help="--profile samples waiting threads too")
     parser.add_argument("--warmup-s", type=int, default=0, help="unmeasured load at the last shape first")
     parser.add_argument("--interval-ms", type=int, default=3000, help="perf_analyzer measurement window")
     parser.add_argument("--stability", type=int, default=20, help="perf_analyzer --stability-percentage")
