@@ -11,6 +11,10 @@ from settings.deployment import ServedNames
 from settings.schema import EncoderSettings, StageSettings
 from settings.tensorrt_profiles import graph_batches, profiles
 
+# encoder.warm_first: the rate limiter's priority of the instances after the first on each device. It picks the
+# free instance with the least executions x priority, so the first takes all but about 1 in 1000 of what arrives
+# while it is free.
+WARM_FIRST_PRIORITY = 1000
 WARMUP_TEXT = "Warm-up request: the first real request should not pay for lazy initialization."
 # Files each engine kind needs from the export folder, beside serving.json.
 ENGINE_FILES = {
@@ -44,11 +48,20 @@ def _batching(stage: StageSettings, preferred: list[int] | None = None) -> mc.Mo
 
 
 def _instances(stage: StageSettings) -> list[mc.ModelInstanceGroup]:
-    if isinstance(stage, EncoderSettings) and stage.gpus:  # only the encoder runs on GPUs
-        return [
-            mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_GPU, count=stage.instances, gpus=list(stage.gpus))
-        ]
-    return [mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_CPU, count=stage.instances)]
+    """One group of stage.instances per device; encoder.warm_first: the first instance on each device in a group
+    of its own that Triton's rate limiter prefers (it picks the free instance with the least executions times
+    priority), so that work goes to the others only while it is busy."""
+    gpus = list(stage.gpus) if isinstance(stage, EncoderSettings) else []  # only the encoder runs on GPUs
+    kind = mc.ModelInstanceGroup.KIND_GPU if gpus else mc.ModelInstanceGroup.KIND_CPU
+    if not (isinstance(stage, EncoderSettings) and stage.prefers_first):
+        return [mc.ModelInstanceGroup(kind=kind, count=stage.instances, gpus=gpus)]
+    return [
+        mc.ModelInstanceGroup(kind=kind, count=1, gpus=gpus, rate_limiter=mc.ModelRateLimiter(priority=1)),
+        mc.ModelInstanceGroup(
+            kind=kind, count=stage.instances - 1, gpus=gpus,
+            rate_limiter=mc.ModelRateLimiter(priority=WARM_FIRST_PRIORITY),
+        ),
+    ]  # fmt: skip
 
 
 def _parameters(values: dict[str, object]) -> dict[str, mc.ModelParameter]:

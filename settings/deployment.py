@@ -80,6 +80,11 @@ class Deployment:
         return any(settings.encoder.gpus for settings in self.models)
 
     @property
+    def rate_limited(self) -> bool:
+        """Whether tritonserver runs its rate limiter: it honours the instance priorities of encoder.warm_first."""
+        return any(settings.encoder.prefers_first for settings in self.models)
+
+    @property
     def triton_exit_timeout_s(self) -> int:
         """tritonserver's own --exit-timeout-secs: the drain's bound once more (for requests still in flight when
         it ran out), plus server.unload_s_per_stub for every Python stub, which Triton 2.51 unloads one after

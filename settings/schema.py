@@ -80,6 +80,12 @@ class StageSettings:
 @dataclasses.dataclass(frozen=True)
 class EncoderSettings(StageSettings):
     gpus: tuple[int, ...]  # only the encoder runs on GPUs
+    warm_first: bool
+
+    @property
+    def prefers_first(self) -> bool:
+        """Whether Triton's rate limiter sends work to the first instance on each device while it is free."""
+        return self.warm_first and self.instances > 1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -94,11 +94,13 @@ def server_command(
     uses_gpus: bool = False,
     api_key: str | None = None,
     tracing: TracingSettings | None = None,
+    rate_limited: bool = False,
 ) -> list[str]:
     """tritonserver's flags; with admin_key, explicit model control so that the watchdog can reload a stage,
     and the repository API this opens restricted to requests carrying that per-launch key; with api_key (the
     API key, protocol/api_key.py), inference over HTTP and gRPC restricted to requests carrying it; with a
-    tracing endpoint, OpenTelemetry traces of every request (serving/tracing.py)."""
+    tracing endpoint, OpenTelemetry traces of every request (serving/tracing.py); rate_limited, the rate limiter
+    that honours the instance priorities of encoder.warm_first (without resources it holds nothing back)."""
     inference = f"inference:{HEADER}={bearer(api_key)}" if api_key else None
     control = [
         "--model-control-mode=explicit",
@@ -127,6 +129,7 @@ def server_command(
         *(trace_flags(tracing) if tracing and tracing.endpoint and tracing.triton_spans else []),
         *([f"--http-restricted-api={inference}", f"--grpc-restricted-protocol={inference}"] if inference else []),
         *(CPU_ONLY_FLAGS if not uses_gpus else []),
+        *(["--rate-limit=execution_count"] if rate_limited else []),
     ]
 
 

@@ -130,6 +130,7 @@ class TritonServer:
             self.deployment.uses_gpus,
             api_key(),
             self.deployment.tracing,
+            self.deployment.rate_limited,
         )
         return command, env
 

@@ -56,6 +56,20 @@ def test_object_store_with_an_api_key_restricts_inference_as_the_launcher_does(c
     assert any(entry["name"] == "BERT_TRITON_API_KEY" for entry in container["env"])
 
 
+def test_an_object_store_tritonserver_runs_the_rate_limiter_that_warm_first_asks_for(chart):
+    """gpu.yaml (BERT-base, 8 instances, encoder.warm_first): Triton honours the instance priorities only with its
+    rate limiter on, as the launcher turns it on."""
+    values = copy.deepcopy(overlay("gpu"))
+    values["modelRepository"] = copy.deepcopy(overlay("cpu")["modelRepository"])
+    container = server_container(render(chart, values))
+    settings = load_settings(ROOT / values["settings"]["source"])
+    deployment = Deployment.of(settings)
+    assert deployment.rate_limited
+    launcher = object_store_flags(settings, uses_gpus=True, rate_limited=True)
+    assert "--rate-limit=execution_count" in launcher
+    assert container["args"][1:] == launcher[1:]
+
+
 def test_tracing_reaches_the_launcher_the_api_front_and_an_object_store_tritonserver(chart):
     tracing = {"endpoint": "http://otel-collector.observability:4318", "sampleRate": 0.05, "serviceName": "rag"}
     tracing["tritonSpans"] = True

@@ -31,13 +31,16 @@ def check_stage(config: mc.ModelConfig, stage) -> None:
     assert policy.default_timeout_microseconds == stage.queue_timeout_us
     if stage.max_queue_size or stage.queue_timeout_us:
         assert policy.timeout_action == mc.ModelQueuePolicy.REJECT
-    (group,) = config.instance_group
-    assert group.count == stage.instances
-    if isinstance(stage, EncoderSettings) and stage.gpus:
-        assert group.kind == mc.ModelInstanceGroup.KIND_GPU
-        assert list(group.gpus) == list(stage.gpus)
+    groups = config.instance_group
+    assert sum(group.count for group in groups) == stage.instances
+    on_gpus = isinstance(stage, EncoderSettings) and bool(stage.gpus)
+    for group in groups:
+        assert group.kind == (mc.ModelInstanceGroup.KIND_GPU if on_gpus else mc.ModelInstanceGroup.KIND_CPU)
+        assert list(group.gpus) == (list(stage.gpus) if on_gpus else [])
+    if isinstance(stage, EncoderSettings) and stage.prefers_first:  # the first on each device, then the rest
+        assert [(g.count, g.rate_limiter.priority) for g in groups] == [(1, 1), (stage.instances - 1, 1000)]
     else:
-        assert group.kind == mc.ModelInstanceGroup.KIND_CPU
+        assert len(groups) == 1 and not groups[0].HasField("rate_limiter")
 
 
 def check_python_model(root: Path, name: str, stage: str) -> None:
@@ -197,12 +200,11 @@ def test_multi_gpu_placement(settings, exported, tmp_path, gpu_count):
     root = generate(multi, exported, tmp_path / "repo")
     check_repository(root, multi, ServingSpec.load(exported))
     one_stage = with_topology(multi, "one_stage")
-    (text_group,) = parse(generate(one_stage, exported, tmp_path / "one") / "ensemble" / "config.pbtxt").instance_group
-    assert (
-        text_group.kind == mc.ModelInstanceGroup.KIND_GPU and tuple(text_group.gpus) == gpus and text_group.count == 4
-    )
-    (encoder_group,) = parse(root / "encoder" / "config.pbtxt").instance_group
-    assert encoder_group.kind == mc.ModelInstanceGroup.KIND_GPU
-    assert tuple(encoder_group.gpus) == gpus and encoder_group.count == 4  # Triton: count is per listed GPU
+    text_groups = parse(generate(one_stage, exported, tmp_path / "one") / "ensemble" / "config.pbtxt").instance_group
+    encoder_groups = parse(root / "encoder" / "config.pbtxt").instance_group
+    for groups in (text_groups, encoder_groups):  # Triton: count is per listed GPU; the first of each is preferred
+        assert [(g.kind, tuple(g.gpus), g.count) for g in groups] == [
+            (mc.ModelInstanceGroup.KIND_GPU, gpus, n) for n in (1, 3)
+        ]
     (tokenizer_group,) = parse(root / "tokenizer" / "config.pbtxt").instance_group
     assert tokenizer_group.kind == mc.ModelInstanceGroup.KIND_CPU and tokenizer_group.count == 8 * gpu_count

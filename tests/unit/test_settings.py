@@ -4,10 +4,12 @@ overrides, and engine kinds under their old names."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
 import settings.schema as settings_module
+from serving.launcher.triton_command import Ports, server_command
 from settings import ROOT, Settings, SettingsError, load_deployment, load_settings
 from settings.deployment import python_stubs
 
@@ -185,3 +187,27 @@ def test_a_classifier_in_two_stages_unloads_its_postprocess_stubs_too():
     two_stage = load_settings(overrides=['ensemble.topology="two_stage"', 'model.task="classification"'])
     assert python_stubs(two_stage) == 3
     assert load_deployment([], ["server.unload_s_per_stub=0.5"]).triton_exit_timeout_s == 10 + 1
+
+
+def test_warm_first_turns_on_tritons_rate_limiter_only_where_an_encoder_has_several_instances(tmp_path):
+    """encoder.warm_first's instance priorities mean something only to Triton's rate limiter (--rate-limit), which
+    the launcher (and the chart) turn on when any model asks for them; one instance, or warm_first = false, asks
+    for nothing."""
+    ports = Ports.free()
+
+    def flags(*overrides: str) -> list[str]:
+        deployment = load_deployment([], list(overrides))
+        command = server_command(Path("tritonserver"), Path("r"), Path("b"), ports, "127.0.0.1", 10)
+        limited = server_command(
+            Path("tritonserver"), Path("r"), Path("b"), ports, "127.0.0.1", 10, rate_limited=deployment.rate_limited
+        )
+        return sorted(set(limited) - set(command))
+
+    assert flags() == []  # the defaults: one instance
+    assert flags("encoder.instances=4") == ["--rate-limit=execution_count"]
+    assert flags("encoder.instances=4", "encoder.warm_first=false") == []
+    first = tmp_path / "first.toml"
+    first.write_text('[model]\nsource = "random-init:bert-tiny"\nname = "a"\n')
+    second = tmp_path / "second.toml"
+    second.write_text('[model]\nsource = "random-init:bert-tiny"\nname = "b"\n\n[encoder]\ninstances = 2\n')
+    assert not load_deployment([first]).rate_limited and load_deployment([first, second]).rate_limited

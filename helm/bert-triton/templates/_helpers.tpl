@@ -56,7 +56,7 @@ write it (read over settings/defaults.toml): the chart has no defaults of its ow
 {{- if hasKey $raw "Error" }}
 {{- fail (printf "%s is not valid TOML: %s" $where $raw.Error) }}
 {{- end }}
-{{- $read := dict "model" (list "task" "name") "engine" (list "kind") "ensemble" (list "topology") "tokenizer" (list "instances") "encoder" (list "instances" "gpus") "postprocess" (list "instances") }}
+{{- $read := dict "model" (list "task" "name") "engine" (list "kind") "ensemble" (list "topology") "tokenizer" (list "instances") "encoder" (list "instances" "gpus" "warm_first") "postprocess" (list "instances") }}
 {{- if $first }}
 {{- $_ := set $read "server" (list "http_port" "grpc_port" "metrics_port" "health_port" "exit_timeout_s" "unload_s_per_stub") }}
 {{- $_ := set $read "api" (list "port" "workers") }}
@@ -104,7 +104,9 @@ classifier's [postprocess]. */}}
 {{- $stubs = add $stubs (int $raw.postprocess.instances) }}
 {{- end }}
 {{- end }}
-{{- dict "raw" $raw "engineKind" $kind "gpuIds" $gpus "pythonStubs" $stubs | toJson }}
+{{/* settings/schema.py EncoderSettings.prefers_first: the rate limiter honours encoder.warm_first's priorities. */}}
+{{- $prefersFirst := and $raw.encoder.warm_first (gt (int $raw.encoder.instances) 1) }}
+{{- dict "raw" $raw "engineKind" $kind "gpuIds" $gpus "pythonStubs" $stubs "prefersFirst" $prefersFirst | toJson }}
 {{- end }}
 
 {{/*
@@ -121,6 +123,7 @@ instances. Returned as JSON: use `fromJson (include "bert-triton.settings" .)`.
 {{- $stubs := int $first.pythonStubs }}
 {{- $kinds := list $first.engineKind }}
 {{- $names := list $raw.model.name }}
+{{- $rateLimited := $first.prefersFirst }}
 {{- range $index, $extra := .Values.extraModels }}
 {{- $shape := fromJson (include "bert-triton.modelShape" (list $extra.toml (printf "extraModels[%d].toml" $index) false)) }}
 {{- if eq $shape.engineKind "tensorrt" }}
@@ -133,6 +136,7 @@ instances. Returned as JSON: use `fromJson (include "bert-triton.settings" .)`.
 {{- $gpus = concat $gpus $shape.gpuIds }}
 {{- $stubs = add $stubs (int $shape.pythonStubs) }}
 {{- $kinds = append $kinds $shape.engineKind }}
+{{- $rateLimited = or $rateLimited $shape.prefersFirst }}
 {{- end }}
 {{/* Deployment.triton_exit_timeout_s: the drain's bound again, plus unload_s_per_stub for each stub. */}}
 {{- $tritonExit := add (int $server.exit_timeout_s) (int (ceil (mulf $server.unload_s_per_stub $stubs))) }}
@@ -149,6 +153,7 @@ instances. Returned as JSON: use `fromJson (include "bert-triton.settings" .)`.
     "metricsPort" (int $server.metrics_port)
     "exitTimeoutS" (int $server.exit_timeout_s)
     "tritonExitTimeoutS" $tritonExit
+    "rateLimited" $rateLimited
     "gracePeriodS" (ternary (int .Values.terminationGracePeriodSeconds) (add (int $server.exit_timeout_s) $tritonExit 10) (gt (int .Values.terminationGracePeriodSeconds) 0))
     "healthPort" (int $server.health_port)
     "apiPort" (int $raw.api.port)
