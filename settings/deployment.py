@@ -81,8 +81,9 @@ class Deployment:
 
     @property
     def rate_limited(self) -> bool:
-        """Whether tritonserver runs its rate limiter: it honours the instance priorities of encoder.warm_first."""
-        return any(settings.encoder.prefers_first for settings in self.models)
+        """Whether tritonserver runs its rate limiter: it honours the instance priorities of encoder.warm_first,
+        which a Python encoder's instance groups carry (a TensorRT encoder's do not)."""
+        return any(s.encoder.prefers_first and s.engine.kind != "tensorrt" for s in self.models)
 
     @property
     def triton_exit_timeout_s(self) -> int:

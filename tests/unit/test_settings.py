@@ -206,6 +206,7 @@ def test_warm_first_turns_on_tritons_rate_limiter_only_where_an_encoder_has_seve
     assert flags() == []  # the defaults: one instance
     assert flags("encoder.instances=4") == ["--rate-limit=execution_count"]
     assert flags("encoder.instances=4", "encoder.warm_first=false") == []
+    assert not load_deployment([ROOT / "settings" / "variants" / "tensorrt-h200.toml"]).rate_limited  # 2, no groups
     first = tmp_path / "first.toml"
     first.write_text('[model]\nsource = "random-init:bert-tiny"\nname = "a"\n')
     second = tmp_path / "second.toml"

@@ -104,8 +104,9 @@ classifier's [postprocess]. */}}
 {{- $stubs = add $stubs (int $raw.postprocess.instances) }}
 {{- end }}
 {{- end }}
-{{/* settings/schema.py EncoderSettings.prefers_first: the rate limiter honours encoder.warm_first's priorities. */}}
-{{- $prefersFirst := and $raw.encoder.warm_first (gt (int $raw.encoder.instances) 1) }}
+{{/* settings/deployment.py rate_limited: the rate limiter honours encoder.warm_first's priorities, which a Python
+encoder's instance groups carry (a TensorRT encoder's do not). */}}
+{{- $prefersFirst := and $raw.encoder.warm_first (gt (int $raw.encoder.instances) 1) (ne $kind "tensorrt") }}
 {{- dict "raw" $raw "engineKind" $kind "gpuIds" $gpus "pythonStubs" $stubs "prefersFirst" $prefersFirst | toJson }}
 {{- end }}
 
