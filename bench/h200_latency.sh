@@ -20,7 +20,7 @@ lone=(--perf-analyzer "$PERF_ANALYZER" --gpu-name "$GPU_NAME" --warmup-s 5 --int
 python3 -m bench.e2e_bench --settings "$SETTINGS" --set encoder.instances=1 "${lone[@]}" --profile ensemble \
   --profile-idle --out "$OUT/one-instance" 2>&1 | tail -3
 python3 -m bench.e2e_bench --settings "$SETTINGS" "${lone[@]}" --out "$OUT/instances" 2>&1 | tail -3
-# The API front reads its settings from files only, so one worker needs a file of its own.
+# bench.api_cost takes a settings file, not overrides, so one API worker needs a file of its own.
 one_worker=settings/variants/one-api-worker.toml
 sed 's/^workers = .*/workers = 1/' "$SETTINGS" > "$one_worker"
 python3 -m model_repository.generate --settings "$one_worker" > /dev/null

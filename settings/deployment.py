@@ -35,9 +35,11 @@ class ServedNames:
 
 @dataclasses.dataclass(frozen=True)
 class Deployment:
-    """The models one server serves, in the order their files were given."""
+    """The models one server serves, in the order their files were given, and the overrides applied to each (the
+    processes that read the files again, the API front's workers, get them too)."""
 
     models: tuple[Settings, ...]
+    overrides: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, settings: Settings | Deployment) -> Deployment:
@@ -144,4 +146,4 @@ def load_deployment(paths: list | tuple = (), overrides: tuple[str, ...] | list[
         repeated = sorted({name for name in names if names.count(name) > 1})
         if repeated:
             raise SettingsError(f"model.name {repeated[0]!r} names more than one settings file's model")
-    return Deployment(models)
+    return Deployment(models, tuple(overrides))

@@ -147,12 +147,14 @@ def command(
     grpc_target: str,
     ready_url: str,
     metrics_url: str,
+    overrides: tuple[str, ...] | list[str] = (),
 ) -> list[str]:
-    """The command line of one worker, as the launcher and the chart's api container run it."""
+    """The command line of one worker, as the launcher and the chart's api container run it; overrides: the
+    launcher's --set, which the worker applies over the settings files it reads."""
     return [
         "-m", "serving.api", "--settings", *map(str, settings_paths), "--repository", str(repository),
         "--host", host, "--port", str(port), "--grpc", grpc_target, "--ready-url", ready_url,
-        "--metrics-url", metrics_url, "--workers", "1",
+        "--metrics-url", metrics_url, "--workers", "1", *(part for o in overrides for part in ("--set", o)),
     ]  # fmt: skip
 
 

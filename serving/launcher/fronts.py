@@ -42,6 +42,7 @@ def start_api_front(server: TritonServer, settings: Deployment) -> FrontWorkers:
         f"127.0.0.1:{ports.grpc}",
         f"http://127.0.0.1:{ports.health}/ready",
         f"http://127.0.0.1:{ports.metrics}/metrics",
+        settings.overrides,
     )
     return FrontWorkers("API front", arguments, settings.api.worker_count(), server.host, ports.api).start()
 

@@ -40,15 +40,24 @@ def launcher_ready(health_port: int, timeout_s: float = 2.0) -> tuple[int, dict]
 class Launcher:
     """The real launcher (`python -m serving.launcher`) as a child process on given ports, its output in log_path."""
 
-    def __init__(self, settings_path: Path | list[Path], repository: Path, ports: Ports, log_path: Path) -> None:
-        """settings_path: one settings file, or one per model of a several-model server."""
+    def __init__(
+        self,
+        settings_path: Path | list[Path],
+        repository: Path,
+        ports: Ports,
+        log_path: Path,
+        overrides: list[str] | tuple[str, ...] = (),
+    ) -> None:
+        """settings_path: one settings file, or one per model of a several-model server; overrides: its --set."""
         self.settings_path, self.repository, self.ports, self.log_path = settings_path, repository, ports, log_path
+        self.overrides = overrides
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout_s: float = 180.0) -> Launcher:
         paths = self.settings_path if isinstance(self.settings_path, list) else [self.settings_path]
         command = [sys.executable, "-m", "serving.launcher", "--settings", *map(str, paths)]
         command += ["--repository", str(self.repository), "--host", "127.0.0.1"]
+        command += [part for override in self.overrides for part in ("--set", override)]
         for name in ("http", "grpc", "metrics", "health", "triton_http", "api"):
             command += [f"--{name.replace('_', '-')}-port", str(getattr(self.ports, name))]
         with self.log_path.open("ab") as log:
