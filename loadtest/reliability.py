@@ -14,6 +14,9 @@ jitter within a deadline), with a share of bad requests (a text over tokenizer.m
 
 With several settings files (one per model) each model gets its own load of `users` (embed, classify, or a
 reranker's query with one text) and is counted apart: a phase reports every model's figures and their sum.
+Each embedding model also gets `api_users` through the API front (POST /v1/embeddings, base64, where
+concurrent requests share coalesced Triton calls), counted apart as "MODEL (api)"; they retry as the OpenAI
+SDKs do (a refused connection, 429 and the gateway statuses 502-504, with backoff) within the same deadline.
 
 A phase is phase_s / 2 of load, the event (as long as it takes: its recovery time is in the table), and
 phase_s / 2 more; its "seconds" says how long it ran in all.
@@ -27,6 +30,7 @@ the launcher's /ready said 200 again. Writes reliability.json into --out and pri
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -67,16 +71,49 @@ def error_kind(exc: BaseException) -> str:
     return "other"
 
 
+# The API front's answers, as the reliability tally names them; the statuses an OpenAI SDK tries again.
+API_KINDS = {400: "invalid_argument", 404: "model_not_found", 413: "too_large", 429: "overloaded", 500: "internal"}
+API_KINDS |= {502: "unavailable", 503: "unavailable", 504: "deadline"}
+API_RETRYABLE = {429, 502, 503, 504}
 QUERY = "How does the server stay up under faults?"  # what a reranker's load scores each text against
 # Content types tritonserver's HTTP reads an inference body with (none at all is what some clients send).
 CONTENT_TYPES = [None, "application/json", "application/octet-stream", "application/x-www-form-urlencoded"]
 PHASES = ["steady", "restart", "crash-tritonserver", "oversized-bodies"]  # then kill-<model> per Python model
 
 
+class ApiUser:
+    """One closed-loop user of the API front's POST /v1/embeddings at `url`, for model `model`."""
+
+    def __init__(self, url: str, model: str, timeout_s: float) -> None:
+        self.url, self.model, self.timeout_s = url, model, timeout_s
+
+    def embed(self, text: str) -> tuple[str, str]:
+        """(kind, detail): "ok", or how the request was refused once retrying would not help or the deadline passed."""
+        body = json.dumps({"input": [text], "model": self.model, "encoding_format": "base64"}).encode()
+        deadline, delays = time.monotonic() + self.timeout_s, RetryPolicy().delays()
+        while True:
+            request = urllib.request.Request(self.url, body, {"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=max(0.1, deadline - time.monotonic())) as response:
+                    rows = json.loads(response.read())["data"]
+                return ("ok", "") if len(rows) == 1 else ("bad_answer", f"{len(rows)} rows for one text")
+            except urllib.error.HTTPError as exc:
+                kind, detail = API_KINDS.get(exc.code, f"http_{exc.code}"), exc.read()[:300].decode(errors="replace")
+                if exc.code not in API_RETRYABLE:
+                    return kind, detail
+            except OSError as exc:  # refused or reset while the front restarts, or no answer in time
+                kind, detail = "unavailable", str(exc)[:300]
+            delay = next(delays)
+            if time.monotonic() + delay >= deadline:
+                return kind, detail
+            time.sleep(delay)
+
+
 @dataclass
 class Load:
-    """`users` threads, each a TextClient in a closed loop; every `bad_every`-th request carries a text over
-    tokenizer.max_text_bytes (refused with INVALID_ARGUMENT before it is decoded). Each outcome is recorded
+    """`users` threads, each a TextClient (route "grpc") or an ApiUser (route "api", `url` the front's
+    /v1/embeddings) in a closed loop; every `bad_every`-th request carries a text over tokenizer.max_text_bytes
+    (refused as invalid before it is decoded: INVALID_ARGUMENT, or the front's 400). Each outcome is recorded
     with whether its request was a bad one: a good request refused is counted apart from them."""
 
     url: str
@@ -85,6 +122,7 @@ class Load:
     model: str = "ensemble"  # the served model this load calls
     task: str = "embedding"  # what it asks of it: embed, classify, or a reranker's score for (QUERY, text)
     timeout_s: float = 30.0
+    route: str = "grpc"  # or "api"
     bad_every: int = 50
     phase: str = "steady"
     records: list = field(default_factory=list)  # (phase, bad, kind, finished_at)
@@ -105,25 +143,35 @@ class Load:
         return self
 
     def _user(self, user: int, texts: list[str]) -> None:
-        client = TextClient(self.url, "grpc", self.model, timeout_s=self.timeout_s, retry=RetryPolicy())
+        if self.route == "api":
+            api = ApiUser(self.url, self.model, self.timeout_s)
+            send = api.embed
+        else:
+            client = TextClient(self.url, "grpc", self.model, timeout_s=self.timeout_s, retry=RetryPolicy())
+            send = functools.partial(self._grpc_call, client)
         count = 0
         while not self._stop.is_set():
             count += 1
             bad = count % self.bad_every == 0
-            batch = [self._too_long] if bad else [texts[(user * 7919 + count) % len(texts)]]
+            text = self._too_long if bad else texts[(user * 7919 + count) % len(texts)]
             phase = self.phase
             with self._lock:
                 self.sent[phase] += 1
                 self.bad_sent[phase] += bad
-            try:
-                client.infer(batch, QUERY if self.task == "rerank" else None)
-                kind = "ok"
-            except ClientError as exc:
-                kind = error_kind(exc)
-                self.examples.setdefault(kind, str(exc)[:300])
+            kind, detail = send(text)
+            if kind != "ok":
+                self.examples.setdefault(kind, detail)
             with self._lock:
                 self.records.append((phase, bad, kind, time.monotonic()))
-        client.close()
+        if self.route != "api":
+            client.close()
+
+    def _grpc_call(self, client: TextClient, text: str) -> tuple[str, str]:
+        try:
+            client.infer([text], QUERY if self.task == "rerank" else None)
+        except ClientError as exc:
+            return error_kind(exc), str(exc)[:300]
+        return "ok", ""
 
     def stop(self) -> None:
         self._stop.set()
@@ -253,7 +301,9 @@ def restart(launcher: Launcher, timeout_s: float = 180.0) -> tuple[Launcher, dic
     }
 
 
-def run(settings_paths: list[Path], repository: Path, out: Path, users: int, phase_s: float) -> dict:
+def run(
+    settings_paths: list[Path], repository: Path, out: Path, users: int, phase_s: float, api_users: int = 4
+) -> dict:
     deployment = load_deployment(settings_paths)
     settings = deployment.first
     out.mkdir(parents=True, exist_ok=True)
@@ -264,6 +314,13 @@ def run(settings_paths: list[Path], repository: Path, out: Path, users: int, pha
         served: Load(url, users, model.tokenizer.max_text_bytes, served, model.model.task).start()
         for served, model in deployment.served().items()
     }
+    if ports.api and api_users:
+        api_url = f"http://127.0.0.1:{ports.api}/v1/embeddings"
+        for served, model in deployment.served().items():
+            if model.model.task == "embedding":
+                limit = model.tokenizer.max_text_bytes
+                load = Load(api_url, api_users, limit, model.model.name, route="api")
+                loads[f"{served} (api)"] = load.start()
     stages = [name for model in deployment.models for name in python_models(model, deployment.names(model))]
     phases, started = {}, time.monotonic()
     try:
@@ -303,6 +360,7 @@ def run(settings_paths: list[Path], repository: Path, out: Path, users: int, pha
         "command": "python -m loadtest.reliability " + " ".join(sys.argv[1:]),
         "settings": [str(path) for path in settings_paths],
         "users": users,
+        "api_users": api_users if any(load.route == "api" for load in loads.values()) else 0,
         "bad_request_share": f"1 in {Load.bad_every} (a text of max_text_bytes + 1 bytes)",
         "wall_s": round(time.monotonic() - started, 1),
         "phases": phases,
@@ -350,12 +408,13 @@ def main(argv: list[str] | None = None) -> int:
         "--settings", type=Path, nargs="+", default=[Path("settings/defaults.toml")], help="one file per model"
     )
     parser.add_argument("--repository", type=Path, help="generated model repository (default: from the settings)")
-    parser.add_argument("--users", type=int, default=8)
+    parser.add_argument("--users", type=int, default=8, help="gRPC users per model")
+    parser.add_argument("--api-users", type=int, default=4, help="API-front users per embedding model (0: none)")
     parser.add_argument("--phase-seconds", type=float, default=10.0)
     parser.add_argument("--out", type=Path, default=Path("build/reliability"))
     args = parser.parse_args(argv)
     repository = args.repository or load_deployment(args.settings).repository_dir
-    result = run(args.settings, repository, args.out, args.users, args.phase_seconds)
+    result = run(args.settings, repository, args.out, args.users, args.phase_seconds, args.api_users)
     (args.out / "reliability.json").write_text(json.dumps(result, indent=2) + "\n")
     print_table(result)
     return 0 if held(result["total"]) else 1

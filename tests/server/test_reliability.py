@@ -61,6 +61,9 @@ def test_faults_under_load_lose_nothing_and_recover(settings, exported, tmp_path
     for name, phase in phases.items():
         assert phase["lost"] == 0, name
         assert phase["succeeded"] > 0, name
+        # The API front's load (coalesced calls) is counted apart, and served through every fault too.
+        assert list(phase["models"]) == ["ensemble", "ensemble (api)"], name
+        assert phase["models"]["ensemble (api)"]["succeeded"] > 0, name
         # No good request is refused (the client rides out stub restarts and the restart), and every bad one is.
         assert phase["refused"] == {}, (name, result["refusal_examples"])
         bad = dict(phase["bad"])
