@@ -144,8 +144,7 @@ class Load:
 
     def _user(self, user: int, texts: list[str]) -> None:
         if self.route == "api":
-            api = ApiUser(self.url, self.model, self.timeout_s)
-            send = api.embed
+            send = ApiUser(self.url, self.model, self.timeout_s).embed
         else:
             client = TextClient(self.url, "grpc", self.model, timeout_s=self.timeout_s, retry=RetryPolicy())
             send = functools.partial(self._grpc_call, client)
