@@ -5,7 +5,7 @@ read over the defaults, deployment.py several of them in one server, tensorrt_pr
 profiles they imply."""
 
 from settings.deployment import Deployment, load_deployment
-from settings.loading import DEFAULT_SETTINGS, apply_override, layered, load_settings
+from settings.loading import DEFAULT_SETTINGS, apply_override, layered, load_settings, override_flags
 from settings.schema import ROOT, Settings, SettingsError
 
 __all__ = [
@@ -18,4 +18,5 @@ __all__ = [
     "layered",
     "load_deployment",
     "load_settings",
+    "override_flags",
 ]

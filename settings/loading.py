@@ -71,6 +71,11 @@ def apply_override(raw: dict, override: str) -> None:
     table[names[-1]] = parsed
 
 
+def override_flags(overrides: tuple[str, ...] | list[str]) -> list[str]:
+    """The overrides as a command line gives them to a program that reads settings (`--set section.key=value`)."""
+    return [part for override in overrides for part in ("--set", override)]
+
+
 def _read(path: Path) -> dict:
     try:
         return tomllib.loads(path.read_text())

@@ -44,7 +44,7 @@ from serving.log import configure
 from serving.request_id import REQUEST_ID, request_id
 from serving.tracing import request_span
 from serving.workers import FrontWorkers
-from settings import load_deployment
+from settings import load_deployment, override_flags
 from settings.cores import api_workers
 
 log = logging.getLogger("api")
@@ -154,7 +154,7 @@ def command(
     return [
         "-m", "serving.api", "--settings", *map(str, settings_paths), "--repository", str(repository),
         "--host", host, "--port", str(port), "--grpc", grpc_target, "--ready-url", ready_url,
-        "--metrics-url", metrics_url, "--workers", "1", *(part for o in overrides for part in ("--set", o)),
+        "--metrics-url", metrics_url, "--workers", "1", *override_flags(overrides),
     ]  # fmt: skip
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from serving.launcher.procfs import child_processes, stub_processes
 from serving.launcher.triton_command import Ports
 from serving.launcher.tritonserver import TritonServer
-from settings import Deployment, Settings
+from settings import Deployment, Settings, override_flags
 
 
 def local_server(settings: Settings | Deployment, repository: Path, work_dir: Path) -> TritonServer:
@@ -57,7 +57,7 @@ class Launcher:
         paths = self.settings_path if isinstance(self.settings_path, list) else [self.settings_path]
         command = [sys.executable, "-m", "serving.launcher", "--settings", *map(str, paths)]
         command += ["--repository", str(self.repository), "--host", "127.0.0.1"]
-        command += [part for override in self.overrides for part in ("--set", override)]
+        command += override_flags(self.overrides)
         for name in ("http", "grpc", "metrics", "health", "triton_http", "api"):
             command += [f"--{name.replace('_', '-')}-port", str(getattr(self.ports, name))]
         with self.log_path.open("ab") as log:

@@ -29,8 +29,9 @@ class Front:
     def __init__(self, repository: Path, server_urls: tuple[str, str, str], *overrides: str):
         (self.port,) = free_ports(1)
         grpc_url, ready_url, metrics_url = server_urls
-        arguments = command([DEFAULT_SETTINGS], repository, "127.0.0.1", self.port, grpc_url, ready_url, metrics_url)
-        arguments += [item for override in overrides for item in ("--set", override)]
+        arguments = command(
+            [DEFAULT_SETTINGS], repository, "127.0.0.1", self.port, grpc_url, ready_url, metrics_url, overrides
+        )
         self.workers = FrontWorkers("API front", arguments, 1, "127.0.0.1", self.port).start(timeout_s=60)
         self.url = f"http://127.0.0.1:{self.port}"
 
