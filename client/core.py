@@ -30,7 +30,10 @@ from protocol.api_key import headers
 from protocol.kserve_grpc import GRPC_CHANNEL_ARGS, TRANSIENT_MESSAGES, encode_texts
 
 PROTOCOLS = ("grpc", "http")
-RETRYABLE_STATUSES = {"StatusCode.UNAVAILABLE", "503", "UNAVAILABLE"}
+# CANCELLED too: this client never cancels a call itself (its deadline is DEADLINE_EXCEEDED), so a CANCELLED
+# is tritonserver's gRPC server stopping with the call still in flight (a large body still arriving when a
+# drained server exits): nothing was answered, and an inference is safe to send again.
+RETRYABLE_STATUSES = {"StatusCode.UNAVAILABLE", "503", "UNAVAILABLE", "StatusCode.CANCELLED"}
 
 
 class ClientError(RuntimeError):

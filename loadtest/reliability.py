@@ -62,6 +62,7 @@ def error_kind(exc: BaseException) -> str:
         ("INVALID_ARGUMENT", "invalid_argument"),
         ("UNAVAILABLE", "unavailable"),
         ("DEADLINE_EXCEEDED", "deadline"),
+        ("CANCELLED", "cancelled"),
         ("is not healthy", "dead_stub"),
         ("NOT_FOUND", "model_not_found"),
         ("INTERNAL", "internal"),

@@ -68,7 +68,7 @@ def test_faults_under_load_lose_nothing_and_recover(settings, exported, tmp_path
         assert phase["refused"] == {}, (name, result["refusal_examples"])
         bad = dict(phase["bad"])
         sent = bad.pop("sent")
-        assert bad == ({"invalid_argument": sent} if sent else {}), (name, phase["bad"])
+        assert bad == ({"invalid_argument": sent} if sent else {}), (name, phase["bad"], result["refusal_examples"])
     assert result["total"]["bad"]["sent"] > 0
     for model in stages:
         event = phases[f"kill-{model}"]["event"]

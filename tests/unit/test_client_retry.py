@@ -37,6 +37,7 @@ def test_without_an_attempt_limit_the_waits_go_on_capped():
         (InferenceServerException("Request for model 'ensemble' is not healthy", status="StatusCode.INTERNAL"), True),
         (InferenceServerException("'ensemble' has no available versions", status="StatusCode.UNAVAILABLE"), True),
         (InferenceServerException("failed to connect to all addresses", status="StatusCode.UNAVAILABLE"), True),
+        (InferenceServerException("Cancelled", status="StatusCode.CANCELLED"), True),  # a server stopping mid-call
         (ConnectionRefusedError(111, "Connection refused"), True),
         (TimeoutError(), True),
         (
