@@ -134,6 +134,7 @@ class ApiSettings:
     max_body_bytes: int
     max_inputs: int
     max_concurrent_requests: int
+    triton_protocol: str
     grpc_channels: int
     timeout_s: float
     coalesce_calls: int
