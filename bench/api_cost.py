@@ -275,7 +275,6 @@ def main(argv: list[str] | None = None) -> int:
     (alone_port,) = free_ports(1)
     local = (
         f"127.0.0.1:{ports.grpc}",
-        f"127.0.0.1:{ports.triton_http_address('127.0.0.1')[1]}",
         f"http://127.0.0.1:{ports.health}/ready",
         f"http://127.0.0.1:{ports.metrics}/metrics",
     )

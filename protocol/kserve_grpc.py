@@ -70,8 +70,7 @@ def tensors_infer_request(
     return request.SerializeToString()
 
 
-def bytes_tensor(raw: bytes, count: int) -> np.ndarray:
-    """`count` length-prefixed BYTES elements of a raw tensor, as str objects."""
+def _bytes_tensor(raw: bytes, count: int) -> np.ndarray:
     items, offset = [], 0
     for _ in range(count):
         size = int.from_bytes(raw[offset : offset + 4], "little")
@@ -87,7 +86,7 @@ def decode_response(data: bytes) -> dict[str, np.ndarray]:
     for tensor, raw in zip(response.outputs, response.raw_output_contents, strict=True):
         shape = tuple(tensor.shape)
         if tensor.datatype == "BYTES":
-            outputs[tensor.name] = bytes_tensor(raw, int(np.prod(shape)))
+            outputs[tensor.name] = _bytes_tensor(raw, int(np.prod(shape)))
         else:
             outputs[tensor.name] = np.frombuffer(raw, dtype=DTYPES[tensor.datatype]).reshape(shape)
     return outputs

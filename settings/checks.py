@@ -82,8 +82,6 @@ def check(settings: Settings) -> None:
         raise SettingsError(
             "api needs port >= 0, workers >= 0, max_inputs, max_concurrent_requests, grpc_channels >= 1"
         )
-    if api.triton_protocol not in ("http", "grpc"):
-        raise SettingsError(f'api.triton_protocol must be "http" or "grpc", not {api.triton_protocol!r}')
     if api.coalesce_calls < 0 or not 0 <= api.coalesce_window_ms <= 100:
         raise SettingsError("api needs coalesce_calls >= 0 and coalesce_window_ms in 0..100")
     for origin in api.cors_allow_origins:

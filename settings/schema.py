@@ -134,7 +134,6 @@ class ApiSettings:
     max_body_bytes: int
     max_inputs: int
     max_concurrent_requests: int
-    triton_protocol: str
     grpc_channels: int
     timeout_s: float
     coalesce_calls: int

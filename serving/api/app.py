@@ -1,6 +1,6 @@
 """The API front: the calls embedding and reranking users already make, answered by the served models over gRPC.
 
-    python -m serving.api [--settings FILE ...] [--grpc HOST:PORT] [--triton-http HOST:PORT] [--port N]
+    python -m serving.api [--settings FILE ...] [--grpc HOST:PORT] [--port N]
 
 Routes (one aiohttp process; the launcher runs api.workers of them on api.port), by who calls them:
 
@@ -145,7 +145,6 @@ def command(
     host: str,
     port: int,
     grpc_target: str,
-    http_target: str,
     ready_url: str,
     metrics_url: str,
     overrides: tuple[str, ...] | list[str] = (),
@@ -154,8 +153,7 @@ def command(
     launcher's --set, which the worker applies over the settings files it reads."""
     return [
         "-m", "serving.api", "--settings", *map(str, settings_paths), "--repository", str(repository),
-        "--host", host, "--port", str(port), "--grpc", grpc_target, "--triton-http", http_target,
-        "--ready-url", ready_url,
+        "--host", host, "--port", str(port), "--grpc", grpc_target, "--ready-url", ready_url,
         "--metrics-url", metrics_url, "--workers", "1", *override_flags(overrides),
     ]  # fmt: skip
 
@@ -169,11 +167,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", help="default: server.host")
     parser.add_argument("--port", type=int, help="default: api.port")
     parser.add_argument("--grpc", help="tritonserver's gRPC, host:port (default: 127.0.0.1:server.grpc_port)")
-    parser.add_argument(
-        "--triton-http",
-        help="tritonserver's own HTTP, host:port (default: 127.0.0.1:front.triton_http_port behind the HTTP front, "
-        "else server.http_port)",
-    )
     parser.add_argument("--ready-url", help="the launcher's readiness (default: 127.0.0.1:server.health_port)")
     parser.add_argument("--metrics-url", help="default: 127.0.0.1:server.metrics_port/metrics")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="a settings override")
@@ -198,8 +191,6 @@ def main(argv: list[str] | None = None) -> None:
         Models.load(deployment, args.repository or deployment.repository_dir),
         port,
         args.grpc or f"127.0.0.1:{server.grpc_port}",
-        args.triton_http
-        or f"127.0.0.1:{deployment.front.triton_http_port if deployment.front.workers else server.http_port}",
         args.ready_url or f"http://127.0.0.1:{server.health_port}/ready",
         args.metrics_url or f"http://127.0.0.1:{server.metrics_port}/metrics",
     )

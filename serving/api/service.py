@@ -1,4 +1,4 @@
-"""What every route of the API front shares in one worker: the served models, the link to Triton with a
+"""What every route of the API front shares in one worker: the served models, the gRPC link to Triton with a
 Coalescer per model (and Triton's refusals worded for the caller), the call statistics, and reading and
 writing JSON."""
 
@@ -29,18 +29,10 @@ class Api:
     """What every route shares in one worker process."""
 
     def __init__(
-        self,
-        deployment: Deployment,
-        models: Models,
-        port: int,
-        grpc_target: str,
-        http_target: str,
-        ready_url: str,
-        metrics_url: str,
+        self, deployment: Deployment, models: Models, port: int, grpc_target: str, ready_url: str, metrics_url: str
     ):
         self.deployment, self.models = deployment, models
-        self.targets = {"grpc": grpc_target, "http": http_target}  # tritonserver's, by api.triton_protocol
-        self.ready_url, self.metrics_url = ready_url, metrics_url
+        self.grpc_target, self.ready_url, self.metrics_url = grpc_target, ready_url, metrics_url
         self.api_key = api_key()
         self.in_flight = 0
         self.created = int(time.time())
@@ -52,10 +44,7 @@ class Api:
 
     async def start(self, app: web.Application):
         settings = self.deployment.api
-        protocol = settings.triton_protocol
-        self.link = TritonLink(
-            protocol, self.targets[protocol], settings.grpc_channels, settings.timeout_s, self.stats, self.api_key
-        )
+        self.link = TritonLink(self.grpc_target, settings.grpc_channels, settings.timeout_s, self.stats, self.api_key)
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
         yield
         await self.link.close()

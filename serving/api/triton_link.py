@@ -1,16 +1,12 @@
-"""TritonLink: the API front's asynchronous, pooled calls to tritonserver's models, over its HTTP or its gRPC.
+"""TritonLink: the API front's asynchronous, pooled gRPC calls to tritonserver's models.
 
-api.triton_protocol picks the transport. "http": aiohttp to Triton's HTTP port with the binary tensor
-extension (protocol/kserve_http.py), keep-alive connections on the worker's own event loop; "grpc": raw
-protobufs (protocol/kserve_grpc.py) over api.grpc_channels grpc.aio channels, round robin, so that one
-HTTP/2 connection does not serialize every stream of a busy worker. grpc.aio hands every call to and from
-threads of its own: a lone call costs ~3x the HTTP one in latency and CPU on both sides
-(`python -m bench.triton_clients`, docs/api.md). A call with more texts than the model's max_batch_size, or
-more bytes than tokenizer.max_request_bytes, goes as several concurrent requests whose outputs are put back
-in order.
+Requests and responses are raw protobufs (protocol/kserve_grpc.py). Several channels per process (grpc.aio,
+round robin) keep one HTTP/2 connection from serializing every stream of a busy worker. A call with more
+texts than the model's max_batch_size, or more bytes than tokenizer.max_request_bytes, goes as several
+concurrent requests whose outputs are put back in order.
 
 Triton's answers become one of four errors the front words for its clients: BadInput (the texts were
-refused: INVALID_ARGUMENT, HTTP 400), Overloaded (the model's queue is full: "exceeds maximum queue size"),
+refused: INVALID_ARGUMENT), Overloaded (the model's queue is full: UNAVAILABLE "exceeds maximum queue size")
 NotReady (nothing answers, the server is stopping, or a Python stage is being restarted) and TimedOut.
 """
 
@@ -20,7 +16,6 @@ import asyncio
 import itertools
 from collections.abc import Sequence
 
-import aiohttp
 import grpc
 import numpy as np
 
@@ -32,10 +27,7 @@ from protocol.kserve_grpc import (
     decode_response,
     tensors_infer_request,
 )
-from protocol.kserve_http import HEADER_LENGTH, decode_infer_response, error_message, infer_body
 from serving.api.call_stats import CallStats
-
-PROTOCOLS = ("http", "grpc")
 
 
 class TritonError(Exception):
@@ -71,23 +63,26 @@ def chunk_bounds(sizes: Sequence[int], max_texts: int, max_bytes: int) -> list[s
     return bounds
 
 
-def _refusal(status: str, message: str, bad_input: bool, unavailable: bool) -> TritonError:
-    """Triton's refusal as the error the front words: `bad_input` its INVALID_ARGUMENT (HTTP 400), `unavailable`
-    its UNAVAILABLE (HTTP 503); any other, named by its `status`."""
-    if bad_input:
+def _error(exc: grpc.aio.AioRpcError) -> TritonError:
+    code, message = exc.code(), exc.details() or ""
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
         return BadInput(message)
-    if unavailable and "queue" in message:
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return TimedOut(message)
+    if code == grpc.StatusCode.UNAVAILABLE and "queue" in message:
         return Overloaded(message)
-    if unavailable or any(text in message for text in TRANSIENT_MESSAGES):
+    if code == grpc.StatusCode.UNAVAILABLE or any(text in message for text in TRANSIENT_MESSAGES):
         return NotReady(message)
-    return TritonError(f"{status}: {message}")
+    return TritonError(f"{code.name}: {message}")
 
 
-class GrpcCalls:
-    """ModelInfer over `channels` grpc.aio channels to `target` (host:port), round robin."""
+class TritonLink:
+    """gRPC to tritonserver at `target` (host:port) from one process, created inside its event loop."""
 
-    def __init__(self, target: str, channels: int, timeout_s: float, key: str | None) -> None:
-        self.timeout_s = timeout_s
+    def __init__(
+        self, target: str, channels: int, timeout_s: float, stats: CallStats | None = None, key: str | None = None
+    ) -> None:
+        self.timeout_s, self.stats = timeout_s, stats
         self._key = tuple(headers(key, "grpc").items())  # Triton's inference group asks for the key too
         self._channels = [grpc.aio.insecure_channel(target, options=GRPC_CHANNEL_ARGS) for _ in range(channels)]
         self._calls = itertools.cycle(
@@ -95,77 +90,6 @@ class GrpcCalls:
                 channel.unary_unary(MODEL_INFER, response_deserializer=lambda data: data)  # decoded below
                 for channel in self._channels
             ]
-        )
-
-    async def infer(
-        self, model: str, inputs: dict[str, Sequence[bytes]], outputs: Sequence[str], request_id: str, trace: dict
-    ) -> dict[str, np.ndarray]:
-        request = tensors_infer_request(model, inputs, outputs, request_id)
-        metadata = (*self._key, *trace.items()) or None
-        try:
-            data = await next(self._calls)(request, timeout=self.timeout_s, metadata=metadata)
-        except grpc.aio.AioRpcError as exc:
-            code, message = exc.code(), exc.details() or ""
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise TimedOut(message) from None
-            bad, unavailable = code == grpc.StatusCode.INVALID_ARGUMENT, code == grpc.StatusCode.UNAVAILABLE
-            raise _refusal(code.name, message, bad, unavailable) from None
-        return decode_response(data)
-
-    async def close(self) -> None:
-        await asyncio.gather(*(channel.close() for channel in self._channels))
-
-
-class HttpCalls:
-    """POST /v2/models/<model>/infer to Triton's HTTP at `target` (host:port), binary tensors, kept alive."""
-
-    def __init__(self, target: str, timeout_s: float, key: str | None) -> None:
-        self._base = f"http://{target}/v2/models/"
-        self._key = headers(key, "http")
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=timeout_s)
-        )
-
-    async def infer(
-        self, model: str, inputs: dict[str, Sequence[bytes]], outputs: Sequence[str], request_id: str, trace: dict
-    ) -> dict[str, np.ndarray]:
-        body, fields = infer_body(inputs, outputs, request_id)
-        try:
-            async with self._session.post(
-                f"{self._base}{model}/infer", data=body, headers={**fields, **self._key, **trace}
-            ) as response:
-                data = await response.read()
-                if response.status == 200:
-                    return decode_infer_response(data, response.headers.get(HEADER_LENGTH))
-                message = error_message(data)
-        except asyncio.TimeoutError:
-            raise TimedOut("no answer in time") from None
-        except aiohttp.ClientError as exc:  # refused, reset or cut off: nothing answers now
-            raise NotReady(str(exc) or type(exc).__name__) from None
-        raise _refusal(f"HTTP {response.status}", message, response.status == 400, response.status == 503)
-
-    async def close(self) -> None:
-        await self._session.close()
-
-
-class TritonLink:
-    """Calls to tritonserver from one process, created inside its event loop: over `protocol` ("http" or "grpc")
-    to its port at `target` (host:port), with `channels` connections for gRPC."""
-
-    def __init__(
-        self,
-        protocol: str,
-        target: str,
-        channels: int,
-        timeout_s: float,
-        stats: CallStats | None = None,
-        key: str | None = None,
-    ) -> None:
-        if protocol not in PROTOCOLS:
-            raise ValueError(f"the link to tritonserver speaks one of {PROTOCOLS}, not {protocol!r}")
-        self.stats = stats
-        self._calls = (
-            HttpCalls(target, timeout_s, key) if protocol == "http" else GrpcCalls(target, channels, timeout_s, key)
         )
 
     async def _call(
@@ -179,7 +103,13 @@ class TritonLink:
     ) -> dict:
         if self.stats is not None:
             self.stats.count(model, len(next(iter(inputs.values()))), requests)
-        return await self._calls.infer(model, inputs, outputs, request_id, trace)
+        try:
+            request = tensors_infer_request(model, inputs, outputs, request_id)
+            metadata = (*self._key, *trace.items()) or None
+            data = await next(self._calls)(request, timeout=self.timeout_s, metadata=metadata)
+        except grpc.aio.AioRpcError as exc:
+            raise _error(exc) from None
+        return decode_response(data)
 
     async def infer(
         self,
@@ -213,4 +143,4 @@ class TritonLink:
         return {name: np.concatenate([part[name] for part in parts]) for name in outputs}
 
     async def close(self) -> None:
-        await self._calls.close()
+        await asyncio.gather(*(channel.close() for channel in self._channels))

@@ -31,18 +31,15 @@ def start_http_front(server: TritonServer, settings: Deployment) -> FrontWorkers
 
 
 def start_api_front(server: TritonServer, settings: Deployment) -> FrontWorkers:
-    """The API front's workers on ports.api, calling this server's HTTP or gRPC (api.triton_protocol); its /health
-    asks the launcher's /ready."""
+    """The API front's workers on ports.api, calling this server's gRPC; its /health asks the launcher's /ready."""
     ports = server.ports
     require_free_port(server.host, ports.api, "api.port")
-    _, triton_http = ports.triton_http_address(server.host)
     arguments = api_front.command(
         settings.paths,
         server.repository,
         server.host,
         ports.api,
         f"127.0.0.1:{ports.grpc}",
-        f"127.0.0.1:{triton_http}",
         f"http://127.0.0.1:{ports.health}/ready",
         f"http://127.0.0.1:{ports.metrics}/metrics",
         settings.overrides,

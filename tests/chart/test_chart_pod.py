@@ -80,8 +80,6 @@ def test_api_front_runs_as_a_container_of_its_own(chart, settings):
     h200 = load_settings(ROOT / "settings" / "variants" / "bert-base-h200.toml")
     assert api["command"] == ["python3", "-m", "serving.api"]
     assert args["--grpc"] == f"127.0.0.1:{h200.server.grpc_port}" and args["--port"] == str(h200.api.port)
-    # Past the launcher's HTTP front, straight to tritonserver's own HTTP in the triton container.
-    assert h200.front.workers > 0 and args["--triton-http"] == f"127.0.0.1:{h200.front.triton_http_port}"
     assert args["--ready-url"] == f"http://127.0.0.1:{server.health_port}/ready"
     assert args["--workers"] == str(h200.api.workers) and args["--repository"] == "/bundle/repository"
     assert args["--set"] == 'server.log_format="json"', "the chart's default log format, as the launcher's"

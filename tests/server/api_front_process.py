@@ -23,12 +23,15 @@ SENTENCES = [
 
 
 class Front:
-    """One API front worker on a free port, in front of `server_urls` (gRPC, HTTP, readiness, metrics), run as the
+    """One API front worker on a free port, in front of `server_urls` (gRPC, readiness, metrics), run as the
     launcher runs its workers (FrontWorkers); it inherits this process's environment."""
 
-    def __init__(self, repository: Path, server_urls: tuple[str, str, str, str], *overrides: str):
+    def __init__(self, repository: Path, server_urls: tuple[str, str, str], *overrides: str):
         (self.port,) = free_ports(1)
-        arguments = command([DEFAULT_SETTINGS], repository, "127.0.0.1", self.port, *server_urls, overrides)
+        grpc_url, ready_url, metrics_url = server_urls
+        arguments = command(
+            [DEFAULT_SETTINGS], repository, "127.0.0.1", self.port, grpc_url, ready_url, metrics_url, overrides
+        )
         self.workers = FrontWorkers("API front", arguments, 1, "127.0.0.1", self.port).start(timeout_s=60)
         self.url = f"http://127.0.0.1:{self.port}"
 
@@ -39,11 +42,10 @@ class Front:
         self.workers.stop()
 
 
-def urls(server) -> tuple[str, str, str, str]:
-    """gRPC, HTTP, readiness and metrics of a test server (Triton's own readiness: no launcher runs here)."""
+def urls(server) -> tuple[str, str, str]:
+    """gRPC, readiness and metrics of a test server (Triton's own readiness: no launcher runs here)."""
     return (
         server.grpc_url,
-        server.http_url,
         f"http://{server.http_url}/v2/health/ready",
         f"http://127.0.0.1:{server.ports.metrics}/metrics",
     )

@@ -210,7 +210,6 @@ def test_not_ready_is_503_with_retry_after(repository):
     dead_grpc, dead_http = free_ports(2)
     dead = (
         f"127.0.0.1:{dead_grpc}",
-        f"127.0.0.1:{dead_http}",
         f"http://127.0.0.1:{dead_http}/ready",
         f"http://127.0.0.1:{dead_http}/metrics",
     )

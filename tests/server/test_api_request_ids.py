@@ -55,7 +55,7 @@ def test_a_server_error_is_logged_with_the_request_id(repository, tmp_path):
     """A front whose Triton is gone answers 503; its log line names the request by its id."""
     port, dead_grpc, dead_http = free_ports(3)
     arguments = command(
-        [DEFAULT_SETTINGS], repository, "127.0.0.1", port, f"127.0.0.1:{dead_grpc}", f"127.0.0.1:{dead_http}",
+        [DEFAULT_SETTINGS], repository, "127.0.0.1", port, f"127.0.0.1:{dead_grpc}",
         f"http://127.0.0.1:{dead_http}/ready", f"http://127.0.0.1:{dead_http}/metrics",
     )  # fmt: skip
     log = tmp_path / "front.log"

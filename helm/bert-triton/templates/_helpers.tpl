@@ -150,7 +150,6 @@ instances. Returned as JSON: use `fromJson (include "bert-triton.settings" .)`.
     "gpus" (len (uniq $gpus))
     "pythonStubs" $stubs
     "httpPort" (int $server.http_port)
-    "tritonHttpPort" (ternary (int $raw.front.triton_http_port) (int $server.http_port) (and (gt (int $raw.front.workers) 0) (ne .Values.modelRepository.source "objectStore")))
     "grpcPort" (int $server.grpc_port)
     "metricsPort" (int $server.metrics_port)
     "exitTimeoutS" (int $server.exit_timeout_s)
