@@ -15,6 +15,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -27,26 +28,47 @@ from serving.launcher.procfs import child_processes, process_cpu_s
 from serving.launcher.triton_command import Ports
 from settings import load_settings
 
+Call = Callable[[], Awaitable[None]]
 
-async def closed_loop(url: str, body: bytes | None, concurrency: int, duration_s: float) -> list[float]:
-    """Latencies (s) of `concurrency` clients each sending its next request when the last one is answered."""
+
+def aiohttp_calls(url: str, body: bytes | None) -> tuple[Call, Call]:
+    """One request to `url` (POST of a JSON body, or GET without one) that fails on any status but 200, and
+    what closes its keep-alive session; made inside the event loop that sends it."""
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+    headers = {"Content-Type": "application/json"}
+
+    async def once() -> None:
+        method = session.post(url, data=body, headers=headers) if body else session.get(url)
+        async with method as response:
+            await response.read()
+            if response.status != 200:
+                raise RuntimeError(f"{url} answered {response.status}")
+
+    return once, session.close
+
+
+async def timed_calls(once: Call, concurrency: int, duration_s: float) -> list[float]:
+    """Latencies (s) of `concurrency` clients each making its next call when the last one is answered."""
     latencies: list[float] = []
     deadline = time.perf_counter() + duration_s
-    headers = {"Content-Type": "application/json"}
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
 
-        async def client() -> None:
-            while time.perf_counter() < deadline:
-                started = time.perf_counter()
-                method = session.post(url, data=body, headers=headers) if body else session.get(url)
-                async with method as response:
-                    await response.read()
-                    if response.status != 200:
-                        raise RuntimeError(f"{url} answered {response.status}")
-                latencies.append(time.perf_counter() - started)
+    async def client() -> None:
+        while time.perf_counter() < deadline:
+            started = time.perf_counter()
+            await once()
+            latencies.append(time.perf_counter() - started)
 
-        await asyncio.gather(*(client() for _ in range(concurrency)))
+    await asyncio.gather(*(client() for _ in range(concurrency)))
     return latencies
+
+
+async def closed_loop(url: str, body: bytes | None, concurrency: int, duration_s: float) -> list[float]:
+    """timed_calls of requests to `url` on a session of their own."""
+    once, close = aiohttp_calls(url, body)
+    try:
+        return await timed_calls(once, concurrency, duration_s)
+    finally:
+        await close()
 
 
 def summary(latencies: list[float], seconds: float, front_cpu_s: float | None) -> dict:

@@ -17,13 +17,12 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 
-import aiohttp
 import grpc
 
-from bench.front_cost import summary
+from bench.front_cost import Call, aiohttp_calls, summary, timed_calls
 from bench.record import header, write
 from common.contract import TEXT_INPUT
 from loadtest.corpus import load_text
@@ -35,10 +34,9 @@ from settings import load_settings
 
 CLIENTS = ("grpc.aio", "grpc-futures", "aiohttp")
 SERVER_LIVE = "/inference.GRPCInferenceService/ServerLive"
-CallMaker = Callable[[], Awaitable[None]]
 
 
-def grpc_aio(target: str, method: str, body: bytes) -> tuple[CallMaker, Callable[[], Awaitable[None]]]:
+def grpc_aio(target: str, method: str, body: bytes) -> tuple[Call, Call]:
     channel = grpc.aio.insecure_channel(target, options=GRPC_CHANNEL_ARGS)
     call = channel.unary_unary(method, request_serializer=None, response_deserializer=None)
 
@@ -48,7 +46,7 @@ def grpc_aio(target: str, method: str, body: bytes) -> tuple[CallMaker, Callable
     return once, channel.close
 
 
-def grpc_futures(target: str, method: str, body: bytes) -> tuple[CallMaker, Callable[[], Awaitable[None]]]:
+def grpc_futures(target: str, method: str, body: bytes) -> tuple[Call, Call]:
     """The synchronous stub's future, its answer handed to the loop from gRPC's thread."""
     channel = grpc.insecure_channel(target, options=GRPC_CHANNEL_ARGS)
     call = channel.unary_unary(method, request_serializer=None, response_deserializer=None)
@@ -77,38 +75,13 @@ def _settle(answer: asyncio.Future, future: grpc.Future) -> None:
         answer.set_result(None)
 
 
-def aiohttp_client(url: str, body: bytes | None) -> tuple[CallMaker, Callable[[], Awaitable[None]]]:
-    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
-    headers = {"Content-Type": "application/json"}
-
-    async def once() -> None:
-        method = session.post(url, data=body, headers=headers) if body else session.get(url)
-        async with method as response:
-            await response.read()
-            if response.status != 200:
-                raise RuntimeError(f"{url} answered {response.status}")
-
-    return once, session.close
-
-
-async def closed_loop(
-    make: Callable[[], tuple[CallMaker, Callable]], concurrency: int, seconds: float, server_pid: int
-) -> dict:
+async def closed_loop(make: Callable[[], tuple[Call, Call]], concurrency: int, seconds: float, server_pid: int) -> dict:
     once, close = make()
     try:
         for _ in range(50):  # connect and warm
             await once()
-        latencies: list[float] = []
-        deadline = time.perf_counter() + seconds
-
-        async def client() -> None:
-            while time.perf_counter() < deadline:
-                started = time.perf_counter()
-                await once()
-                latencies.append(time.perf_counter() - started)
-
         cpu, server, started = time.process_time(), process_cpu_s(server_pid), time.perf_counter()
-        await asyncio.gather(*(client() for _ in range(concurrency)))
+        latencies = await timed_calls(once, concurrency, seconds)
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu
         server = process_cpu_s(server_pid) - server
     finally:
@@ -128,12 +101,12 @@ def makers(ports: Ports, text: str) -> dict[str, dict[str, Callable]]:
         "ensemble": {
             "grpc.aio": lambda: grpc_aio(target, MODEL_INFER, infer),
             "grpc-futures": lambda: grpc_futures(target, MODEL_INFER, infer),
-            "aiohttp": lambda: aiohttp_client(f"{http}/v2/models/ensemble/infer", body.encode()),
+            "aiohttp": lambda: aiohttp_calls(f"{http}/v2/models/ensemble/infer", body.encode()),
         },
         "live": {
             "grpc.aio": lambda: grpc_aio(target, SERVER_LIVE, b""),
             "grpc-futures": lambda: grpc_futures(target, SERVER_LIVE, b""),
-            "aiohttp": lambda: aiohttp_client(f"{http}/v2/health/live", None),
+            "aiohttp": lambda: aiohttp_calls(f"{http}/v2/health/live", None),
         },
     }
 
