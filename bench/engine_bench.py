@@ -206,7 +206,7 @@ def run_variants(model_dir, device, base_opts, results, save, budget_end) -> Non
         try:
             t0 = time.time()
             eng = load_engine("torch", model_dir, device, {**base_opts, **opts})
-            row["resolved"] = {"attention": eng.attention, "kernels": eng.kernels, "gelu": eng.gelu}
+            row["resolved"] = {"attention": eng.ops.attention, "kernels": eng.ops.kernels, "gelu": eng.ops.gelu}
             out = eng.forward(ref_batch)
             row["first_call_s"] = time.time() - t0
             if base_out is None:
@@ -305,7 +305,8 @@ def main() -> int:
     t0 = time.time()
     engine = load_engine("torch", model_dir, args.device, base_opts)
     results["engine_load_s"] = time.time() - t0
-    results["engine_resolved"] = {"attention": engine.attention, "kernels": engine.kernels, "gelu": engine.gelu}
+    ops = engine.ops
+    results["engine_resolved"] = {"attention": ops.attention, "kernels": ops.kernels, "gelu": ops.gelu}
     print(f"engine: {results['engine_resolved']} loaded in {results['engine_load_s']:.1f}s", flush=True)
     batch_sets = {bs: batches_for(bs, seed=0) for bs in batch_sizes}
     for bs in batch_sizes:

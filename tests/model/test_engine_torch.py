@@ -22,6 +22,7 @@ from common.contract import ServingSpec
 from model_repository.stages.engines import load_engine
 from model_repository.stages.engines.base import pack_sequences
 from model_repository.stages.engines.torch_layout import cpu_chunks, layout_size, pack, token_bucket, views
+from tests.model.family_reference import save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,7 +33,8 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 CUDA = torch.cuda.is_available()
 GOLDEN = ROOT / "tests" / "golden" / "minilm.npz"
-ENGINE_FILES = sorted((ROOT / "model_repository" / "stages" / "engines").glob("torch_*.py"))
+ENGINES_DIR = ROOT / "model_repository" / "stages" / "engines"
+ENGINE_FILES = sorted([*ENGINES_DIR.glob("torch_*.py"), *(ENGINES_DIR / "models").glob("*.py")])
 
 
 def _minilm_source() -> Path | None:
@@ -178,7 +180,7 @@ def cpu_engine(minilm_dir):
 # ----------------------------------------------------------------------------------------------------------
 def test_engine_imports_no_transformers():
     """Triton's Python-backend stub cannot import transformers: the engine (all its files) must not need it."""
-    assert len(ENGINE_FILES) == 4, ENGINE_FILES
+    assert {"torch_engine", "bert", "encoder"} <= {path.stem for path in ENGINE_FILES}, ENGINE_FILES
     imported, own = set(), {path.stem for path in ENGINE_FILES}
     for node in ast.walk(ast.Module(body=[n for path in ENGINE_FILES for n in ast.parse(path.read_text()).body])):
         if isinstance(node, ast.Import):
@@ -186,14 +188,15 @@ def test_engine_imports_no_transformers():
         elif isinstance(node, ast.ImportFrom) and node.module:
             imported.add(node.module.split(".")[0])
     allowed = {"__future__", "json", "logging", "math", "os", "pathlib", "time", "numpy", "torch", "safetensors"}
-    allowed |= {"common", "base", "triton"} | own  # common: the base layer, copied beside the stages
+    allowed |= {"dataclasses", "typing", "importlib", "base", "models", "triton"} | own
+    allowed |= {"common"}  # the base layer, copied beside the stages
     assert imported <= allowed, f"unexpected imports: {sorted(imported - allowed)}"
 
 
 def test_cpu_bf16_gemms_keep_the_cosine_bar(minilm_dir, token_ids, minilm_reference):
     """CPU bf16: GEMM operands in bf16 (AMX where the CPU has it), LayerNorm, attention and pooling in fp32."""
     engine = load_engine("torch", minilm_dir, "cpu", {"precision": "bf16"})
-    assert engine.gemm_bf16 and engine.layers[0].w1.dtype == torch.bfloat16
+    assert engine.gemm_bf16 and engine.model.layers[0].w1.dtype == torch.bfloat16
     cos = _cosine(engine.forward(token_ids), minilm_reference)
     assert cos.min() >= 0.9999, cos
     assert cos.min() < 0.9999999, "bf16 operands must show in the numerics, else the fp32 path ran"
@@ -252,66 +255,6 @@ def test_empty_batch_and_too_long(cpu_engine):
         cpu_engine.forward([np.ones(600, dtype=np.int32)])
 
 
-def _random_bert(path: Path, task: str, seed=0, **config):
-    torch.manual_seed(seed)
-    cfg = transformers.BertConfig(**config)
-    if task == "classification":
-        cfg.num_labels = 3
-        model = transformers.BertForSequenceClassification(cfg)
-    else:
-        model = transformers.BertModel(cfg)
-    model = model.eval()
-    model.save_pretrained(str(path), safe_serialization=True)
-    return model
-
-
-@pytest.mark.parametrize("act", ["gelu", "gelu_new"])
-def test_classification_head_matches_transformers(tmp_path, act):
-    small = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128}
-    model = _random_bert(tmp_path, "classification", vocab_size=1000, hidden_act=act, **small)
-    _spec("cls", False, 64, "classification", 3, ("a", "b", "c")).save(tmp_path)
-    engine = load_engine("torch", tmp_path, "cpu", {})
-    rng = np.random.default_rng(0)
-    seqs = [rng.integers(1, 1000, size=int(n), dtype=np.int32) for n in rng.integers(1, 90, size=24)]
-    logits = engine.forward(seqs)
-    ids, mask = _pad(seqs)
-    with torch.no_grad():
-        expected = model(input_ids=ids, attention_mask=mask).logits.numpy()
-    assert logits.shape == (24, 3)
-    np.testing.assert_allclose(logits, expected, atol=1e-5, rtol=1e-4)
-
-
-def _pairs(rng, count: int, vocab: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """(ids, types) of random (query, text) pairs, as [CLS] q [SEP] t [SEP] with types 0 then 1."""
-    ids, types = [], []
-    for q, d in rng.integers(1, 60, size=(count, 2)):
-        row = np.concatenate(
-            [[101], rng.integers(1000, vocab, size=q), [102], rng.integers(1000, vocab, size=d), [102]]
-        )
-        ids.append(row.astype(np.int32))
-        types.append(np.array([0] * (q + 2) + [1] * (d + 1), dtype=np.int32))
-    return ids, types
-
-
-def test_cross_encoder_pairs_match_transformers(tmp_path):
-    """A reranker's packed pairs carry their token types into the embedding: its one logit as transformers'."""
-    small = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128}
-    torch.manual_seed(0)
-    model = transformers.BertForSequenceClassification(transformers.BertConfig(num_labels=1, **small)).eval()
-    model.save_pretrained(str(tmp_path), safe_serialization=True)
-    _spec("cls", False, 64, "rerank", 1).save(tmp_path)
-    engine = load_engine("torch", tmp_path, "cpu", {})
-    ids, types = _pairs(np.random.default_rng(0), 24, 30000)
-    logits = engine.forward(ids, types)
-    padded_ids, mask = _pad(ids)
-    padded_types, _ = _pad(types)
-    with torch.no_grad():
-        expected = model(input_ids=padded_ids, attention_mask=mask, token_type_ids=padded_types).logits.numpy()
-    assert logits.shape == (24, 1)
-    np.testing.assert_allclose(logits, expected, atol=1e-5, rtol=1e-4)
-    assert np.abs(logits - engine.forward(ids, [np.zeros_like(row) for row in types])).max() > 1e-4, "types unused"
-
-
 # Run in a process of its own: Triton picks its interpreter when the kernels are decorated, at import.
 INTERPRETED_KERNELS = """
 import sys
@@ -322,7 +265,7 @@ ids = np.random.default_rng(0).integers(1000, 20000, size=int(lengths.sum())).as
 rows = []
 for options in ({"kernels": "triton", "attention": "triton"}, {"kernels": "torch", "attention": "sdpa"}):
     engine = load_engine("torch", sys.argv[1], "cpu", {"precision": "fp32", **options})
-    assert (engine.kernels, engine.attention) == (options["kernels"], options["attention"]), engine.kernels
+    assert (engine.ops.kernels, engine.ops.attention) == (options["kernels"], options["attention"])
     rows.append(engine.forward_packed(ids, lengths))
 np.save(sys.argv[2], np.stack(rows))
 """
@@ -349,38 +292,10 @@ def test_triton_kernels_match_torch_ops_under_the_interpreter(minilm_dir, tmp_pa
     assert np.abs(triton_rows - torch_rows).max() > 0, "the two paths ran different code"
 
 
-INTERPRETED_PAIRS = """
-import sys
-import numpy as np
-from model_repository.stages.engines import load_engine
-from tests.model.test_engine_torch import _pairs
-ids, types = _pairs(np.random.default_rng(1), 6, 30000)
-rows = []
-for options in ({"kernels": "triton", "attention": "triton"}, {"kernels": "torch", "attention": "sdpa"}):
-    engine = load_engine("torch", sys.argv[1], "cpu", {"precision": "fp32", **options})
-    rows.append(engine.forward(ids, types))
-np.save(sys.argv[2], np.stack(rows))
-"""
-
-
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs OpenAI Triton (the dev extras pin it)")
-def test_the_embedding_kernel_reads_a_pairs_token_types_under_the_interpreter(tmp_path):
-    """The pair path of the embedding + LayerNorm kernel (types in the ids' top bits) in Triton's interpreter,
-    against the torch ops: a cross-encoder's logits agree."""
-    small = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128}
-    torch.manual_seed(0)
-    model = transformers.BertForSequenceClassification(transformers.BertConfig(num_labels=1, **small)).eval()
-    model.save_pretrained(str(tmp_path), safe_serialization=True)
-    _spec("cls", False, 64, "rerank", 1).save(tmp_path)
-    triton_rows, torch_rows = _interpreted(INTERPRETED_PAIRS, tmp_path, tmp_path)
-    np.testing.assert_allclose(triton_rows, torch_rows, atol=2e-6, rtol=0)
-
-
 def test_bucket_padding_leaves_rows_unchanged(tmp_path):
     """The CUDA-graph path pads the stream to a token bucket and the batch to a sequence bucket: same rows."""
     small = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128}
-    _random_bert(tmp_path, "embedding", vocab_size=1000, **small)
-    _spec("mean", True, 64).save(tmp_path)
+    save_checkpoint(tmp_path, transformers.BertConfig(vocab_size=1000, **small), "embedding", normalize=True)
     engine = load_engine("torch", tmp_path, "cpu", {})
     rng = np.random.default_rng(3)
     seqs = [rng.integers(1, 1000, size=int(n), dtype=np.int32) for n in (1, 5, 64, 65, 130, 17, 200)]
@@ -420,7 +335,7 @@ def _variant_id(v: dict) -> str:
 
 def _assert_ran(engine, variant: dict) -> None:
     expected = {**GPU_DEFAULTS, **{k: v for k, v in variant.items() if k in GPU_DEFAULTS}}
-    assert {name: getattr(engine, name) for name in expected} == expected
+    assert {name: getattr(engine.ops, name) for name in expected} == expected
     assert engine.use_graphs == variant.get("cuda_graphs", True)
 
 
@@ -484,37 +399,10 @@ def test_gpu_minilm_bf16(minilm_dir, hf_minilm, token_ids):
     assert cos.min() >= 0.9995, cos
 
 
-@gpu
-def test_gpu_cross_encoder_fp16_scores_pairs_within_2e3(tmp_path):
-    """A MiniLM-sized cross-encoder (random weights, its head scaled so that scores spread) in fp16 on the GPU:
-    sigmoid(logit) within 2e-3 of transformers fp32, pairs ranked alike where fp32 tells them apart by 5e-3."""
-    torch.manual_seed(0)
-    shape = {"num_hidden_layers": 6, "hidden_size": 384, "num_attention_heads": 12, "intermediate_size": 1536}
-    model = transformers.BertForSequenceClassification(transformers.BertConfig(num_labels=1, **shape)).eval()
-    with torch.no_grad():
-        model.classifier.weight.mul_(40.0)
-    model.save_pretrained(str(tmp_path), safe_serialization=True)
-    _spec("cls", False, 384, "rerank", 1).save(tmp_path)
-    ids, types = _pairs(np.random.default_rng(2), 96, 30000)
-    engine = load_engine("torch", tmp_path, "cuda:0", {"precision": "fp16"})
-    served = 1 / (1 + np.exp(-engine.forward(ids, types)[:, 0].astype(np.float64)))
-    padded_ids, mask = _pad(ids)
-    padded_types, _ = _pad(types)
-    with torch.no_grad():
-        logits = model(input_ids=padded_ids, attention_mask=mask, token_type_ids=padded_types).logits[:, 0]
-    expected = torch.sigmoid(logits.double()).numpy()
-    print(f"cross-encoder fp16: max |score - fp32| {np.abs(served - expected).max():.2e}")
-    np.testing.assert_allclose(served, expected, atol=2e-3, rtol=0)  # measured 1.2e-3 on an H200
-    apart = np.abs(expected[:, None] - expected[None, :]) > 5e-3
-    assert (np.sign(served[:, None] - served[None, :]) == np.sign(expected[:, None] - expected[None, :]))[apart].all()
-
-
 @pytest.fixture(scope="module")
 def bert_base_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("bert_base")
-    model = _random_bert(path, "embedding")
-    _spec("mean", False, 768).save(path)
-    return path, model
+    return path, save_checkpoint(path, transformers.BertConfig(), "embedding")
 
 
 @gpu

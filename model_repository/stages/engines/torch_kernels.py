@@ -1,13 +1,12 @@
-"""OpenAI Triton kernels of the torch engine (torch_engine.py launches them), and their torch twins.
+"""OpenAI Triton kernels of the torch engine's row-wise blocks (torch_ops.py launches them), and torch twins.
 
 The one place OpenAI Triton is imported, guarded: without it (a CPU-only torch) HAVE_TRITON is False, every
 kernel name is None and the engine uses torch ops (also when the kernels fail its start-up check; the
-torch_add_ln and torch_gelu below are two of them). Rows are tokens of the packed stream; HIDDEN is the
-hidden size, BLOCK_H its next power of two. The engine launches them on these grids:
-  embed_ln_kernel      (row blocks,)       ids, positions -> LayerNorm(word + position + token type embedding)
-  add_ln_kernel        (row blocks,)       Y <- LayerNorm(Y [+ R] [+ BIAS]) in place
+torch_add_ln and torch_gelu below are two of them). The attention kernel is in torch_attention.py. Rows are
+tokens of the packed stream; HIDDEN is the hidden size, BLOCK_H its next power of two. The grids:
+  embed_ln_kernel      (row blocks,)       ids, positions -> LayerNorm(word [+ position] + token type embedding)
+  add_ln_kernel        (row blocks,)       OUT <- LayerNorm(Y [+ R] [+ BIAS]) (OUT may be Y)
   gelu_kernel          (element blocks,)   X <- GELU(X) in place, erf or tanh
-  varlen_attn_kernel   (tiles, heads)      packed QKV [tokens, 3 * HIDDEN] -> OUT [tokens, HIDDEN], per sequence
   pool_kernel          (sequences,)        X [tokens, HIDDEN], CU (cu_seqlens) -> OUT [sequences, HIDDEN]
 """
 
@@ -57,12 +56,14 @@ if HAVE_TRITON:
 
     @triton.jit
     def embed_ln_kernel(
-        IDS, POS, WORD, POSW, TYPES, G, B, OUT, n_rows, eps,
-        PAIRS: tl.constexpr, SHIFT: tl.constexpr,
+        IDS, POS, WORD, POSW, TYPES, G, B, OUT, n_rows, eps, pos_offset,
+        PAIRS: tl.constexpr, SHIFT: tl.constexpr, HAS_POS: tl.constexpr,
         HIDDEN: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
     ):  # fmt: skip
         """OUT <- LayerNorm(word + position + token type embeddings). PAIRS: each id carries its token's type in
-        the bits from SHIFT up, and TYPES is the [types, HIDDEN] table; else TYPES is type 0's row."""
+        the bits from SHIFT up, and TYPES is the [types, HIDDEN] table; else TYPES is type 0's row. A token's
+        position row is its place in its sequence plus pos_offset (RoBERTa's start after the padding id);
+        HAS_POS false: no position embeddings (rotary models)."""
         rows, cols, rmask, cmask, mask = row_block(n_rows, HIDDEN, BLOCK_H, BLOCK_R)
         ids = tl.load(IDS + rows, mask=rmask, other=0).to(tl.int64)
         pos = tl.load(POS + rows, mask=rmask, other=0).to(tl.int64)
@@ -74,18 +75,20 @@ if HAVE_TRITON:
             x = tl.zeros((BLOCK_R, BLOCK_H), dtype=tl.float32)
             x += tl.load(TYPES + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
         x += tl.load(WORD + ids[:, None] * HIDDEN + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        x += tl.load(POSW + pos[:, None] * HIDDEN + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if HAS_POS:
+            pos += pos_offset
+            x += tl.load(POSW + pos[:, None] * HIDDEN + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         y = layer_norm_rows(x, G, B, cols, mask, cmask, eps, HIDDEN)
         out_rows = rows.to(tl.int64)[:, None] * HIDDEN
         tl.store(OUT + out_rows + cols[None, :], y.to(OUT.dtype.element_ty), mask=mask)
 
     @triton.jit
     def add_ln_kernel(
-        Y, R, BIAS, G, B, n_rows, eps,
+        Y, R, BIAS, G, B, OUT, n_rows, eps,
         HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr,
         HIDDEN: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
     ):  # fmt: skip
-        """Y <- LayerNorm(Y [+ R] [+ BIAS]) in place, statistics in fp32."""
+        """OUT <- LayerNorm(Y [+ R] [+ BIAS]), statistics in fp32 (OUT may be Y: in place)."""
         rows, cols, _, cmask, mask = row_block(n_rows, HIDDEN, BLOCK_H, BLOCK_R)
         offs = rows.to(tl.int64)[:, None] * HIDDEN + cols[None, :]
         x = tl.load(Y + offs, mask=mask, other=0.0).to(tl.float32)
@@ -94,7 +97,7 @@ if HAVE_TRITON:
         if HAS_BIAS:
             x += tl.load(BIAS + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
         y = layer_norm_rows(x, G, B, cols, mask, cmask, eps, HIDDEN)
-        tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
+        tl.store(OUT + offs, y.to(OUT.dtype.element_ty), mask=mask)
 
     @triton.jit
     def gelu_kernel(X, n_elements, TANH: tl.constexpr, BLOCK: tl.constexpr):
@@ -109,51 +112,6 @@ if HAVE_TRITON:
         else:
             y = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
         tl.store(X + offs, y.to(X.dtype.element_ty), mask=mask)
-
-    @triton.jit
-    def varlen_attn_kernel(
-        QKV, OUT, CU, TILE_SEQ, TILE_M, qk_scale, stride_qkv, stride_o,
-        HIDDEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    ):  # fmt: skip
-        """One (query tile, head): softmax(Q K^T * scale) V over its own sequence of the packed stream.
-
-        QKV is the fused projection [T, 3 * HIDDEN] (q | k | v, heads contiguous inside each); the tile table
-        (TILE_SEQ, TILE_M) lists (sequence, first query row) pairs, -1 for unused slots.
-        """
-        tile = tl.program_id(0)
-        head = tl.program_id(1)
-        seq = tl.load(TILE_SEQ + tile)
-        if seq < 0:
-            return
-        m0 = tl.load(TILE_M + tile)
-        start = tl.load(CU + seq)
-        seqlen = tl.load(CU + seq + 1) - start
-        start = start.to(tl.int64)
-        offs_m = m0 + tl.arange(0, BLOCK_M)
-        offs_d = tl.arange(0, HEAD_DIM)
-        mask_m = offs_m < seqlen
-        col = head * HEAD_DIM + offs_d[None, :]
-        q = tl.load(QKV + (start + offs_m)[:, None] * stride_qkv + col, mask=mask_m[:, None], other=0.0)
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-        for n0 in range(0, seqlen, BLOCK_N):
-            offs_n = n0 + tl.arange(0, BLOCK_N)
-            mask_n = offs_n < seqlen
-            rows = (start + offs_n)[:, None] * stride_qkv + col
-            k = tl.load(QKV + HIDDEN + rows, mask=mask_n[:, None], other=0.0)
-            v = tl.load(QKV + 2 * HIDDEN + rows, mask=mask_n[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k)) * qk_scale
-            s = tl.where(mask_n[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
-        acc = acc / l_i[:, None]
-        out = OUT + (start + offs_m)[:, None] * stride_o + col
-        tl.store(out, acc.to(OUT.dtype.element_ty), mask=mask_m[:, None])
 
     @triton.jit
     def pool_kernel(
@@ -195,7 +153,7 @@ if HAVE_TRITON:
         tl.store(OUT + seq.to(tl.int64) * HIDDEN + cols, acc, mask=cmask)
 else:
     row_block = layer_norm_rows = None
-    embed_ln_kernel = add_ln_kernel = gelu_kernel = varlen_attn_kernel = pool_kernel = None
+    embed_ln_kernel = add_ln_kernel = gelu_kernel = pool_kernel = None
 
 
 def torch_add_ln(y: torch.Tensor, res: torch.Tensor, g: torch.Tensor, b: torch.Tensor, eps: float) -> torch.Tensor:
@@ -213,25 +171,28 @@ class KernelCheck:
     def _self_check(self) -> None:
         """Runs each Triton kernel once on a small batch against the torch ops; falls back on failure."""
         rng = np.random.default_rng(0)
-        seqs = [rng.integers(1000, 2000, size=int(n), dtype=np.int32) for n in (7, 33, 70)]
-        wanted = (self.kernels, self.attention)
-        fallback_attention = "flash" if self.dtype != torch.float32 else "sdpa"
+        vocab = int(self.model.config.get("vocab_size", 2000))  # ids past a small vocabulary would read garbage
+        seqs = [rng.integers(vocab // 2, vocab, size=int(n), dtype=np.int32) for n in (7, 33, 70)]
+        ops = self.ops
+        wanted = (ops.kernels, ops.attention)
+        plain = self.model.plain_attention and self.dtype != torch.float32
+        fallback_attention = "flash" if plain else "sdpa"
         try:
             with torch.cuda.stream(self.stream):
                 fast = self._eager_reference(seqs)
-                self.kernels = "torch" if self.kernels == "triton" else self.kernels
-                self.attention = "sdpa" if self.attention == "triton" else self.attention
+                ops.kernels = "torch" if ops.kernels == "triton" else ops.kernels
+                ops.attention = "sdpa" if ops.attention == "triton" else ops.attention
                 slow = self._eager_reference(seqs)
             cos = F.cosine_similarity(fast.float(), slow.float(), dim=-1).min().item()
             if not cos > 0.99:
                 raise RuntimeError(f"Triton kernels disagree with torch ops (cosine {cos:.4f})")
-            self.kernels, self.attention = wanted
+            ops.kernels, ops.attention = wanted
         except Exception as exc:  # pragma: no cover - only on machines whose Triton is broken
             log.warning(
                 "OpenAI Triton kernels unusable (%s); using torch ops and %s attention", exc, fallback_attention
             )
-            self.kernels = "torch" if wanted[0] == "triton" else wanted[0]
-            self.attention = fallback_attention if wanted[1] == "triton" else wanted[1]
+            ops.kernels = "torch" if wanted[0] == "triton" else wanted[0]
+            ops.attention = fallback_attention if wanted[1] == "triton" else wanted[1]
 
     def _eager_reference(self, sequences) -> torch.Tensor:
         ids, lens = pack_sequences(sequences)
