@@ -33,7 +33,7 @@ class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         exit_with_parent()  # a killed tritonserver leaves no stub behind (parent_watch.py)
         config, params, version_dir = model_config(args)
-        self.text = TextInput(version_dir, params, instance_count(config))
+        self.text = TextInput(version_dir, params, instance_count(config), pb_utils.Logger.log_info)
         self.engine = engine_from_args(args, params, pb_utils.Logger.log_info)
         spec = self.engine.spec
         self.labels = label_array(spec.labels) if spec.task == "classification" else None

@@ -6,12 +6,16 @@ A refused request is named with its reason and the other requests of the batch a
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from .text_tokenizer import TextTokenizer, word_ends
+from .text_tokenizer import TextTokenizer
+
+log = logging.getLogger(__name__)
 
 
 def _sizes(raw: np.ndarray) -> list[int]:
@@ -88,12 +92,16 @@ def gather_texts(
 class TextInput:
     """A text stage's tokenizer and request limits, from its config parameters (tokenizer_model, pipeline_model)."""
 
-    def __init__(self, version_dir: Path, params: dict[str, str], instances: int) -> None:
+    def __init__(
+        self, version_dir: Path, params: dict[str, str], instances: int, log_info: Callable[[str], None] = log.info
+    ) -> None:
+        """log_info takes the line naming the tokenizer's paths (the stages pass pb_utils.Logger.log_info: Triton's
+        log, beside the engine's)."""
         if instances > 1:
             # Parallelism then comes from the instances; a thread pool per instance would oversubscribe the cores.
             os.environ["TOKENIZERS_PARALLELISM"] = "false"
         self.tokenizer = TextTokenizer.from_file(version_dir / "tokenizer.json", int(params["max_tokens"]))
-        word_ends()  # built now rather than on the first long non-ASCII text
+        log_info(f"tokenizer: {self.tokenizer.path}")
         self.max_text_bytes = int(params["max_text_bytes"])
         self.max_request_bytes = int(params["max_request_bytes"])
 

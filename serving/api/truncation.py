@@ -1,7 +1,9 @@
 """What the API's callers ask of truncation beyond the stages' own (they keep a text's first max_tokens): TEI's
 `truncate: false` (a text over the limit is refused), `truncation_direction: Left` (its last tokens are kept)
 and Cohere's `max_tokens_per_doc`. Each works on the text before it is sent, with the model's own tokenizer
-untruncated, so that what Triton tokenizes is a shorter text whose tokens are the ones asked for."""
+untruncated, so that what Triton tokenizes is a shorter text whose tokens are the ones asked for: cut where a
+word starts as the tokenizer splits words (WordPiece, byte-level BPE or Unigram alike), the special tokens
+counted by the tokenizer."""
 
 from __future__ import annotations
 
@@ -12,13 +14,15 @@ from serving.api.schema import ApiError
 
 
 def _inner(encoding: Encoding) -> list[int]:
-    """Positions of the encoding's tokens that are the text's own (not [CLS] or [SEP])."""
-    return [i for i, special in enumerate(encoding.special_tokens_mask) if not special]
+    """Positions of the encoding's tokens that are the text's own (not the special tokens around it)."""
+    return [i for i, sequence in enumerate(encoding.sequence_ids) if sequence is not None]
 
 
 def _word_start(encoding: Encoding, position: int) -> bool:
-    """Whether the token at `position` begins a word (a WordPiece continuation, ##ing, does not)."""
-    return not encoding.tokens[position].startswith("##")
+    """Whether the token at `position` begins a word as the tokenizer's pre-tokenizer split the text (a WordPiece
+    continuation, ##ing, or a byte-level BPE or Unigram piece after a word's first, does not)."""
+    word_ids = encoding.word_ids
+    return position == 0 or word_ids[position - 1] != word_ids[position]
 
 
 def refuse_over_limit(model: ServedModel, texts: list[str] | list[tuple[str, str]], param: str = "inputs") -> None:
@@ -46,13 +50,17 @@ def _over(model: ServedModel, texts: list[str], room: int, cut) -> list[str]:
 def keep_last(model: ServedModel, texts: list[str]) -> list[str]:
     """truncation_direction: Left: each text cut so that its last tokens are what the model keeps. The cut goes
     at a word's start, so a word cut in two is dropped whole rather than read as another word."""
-    room = model.settings.model.max_tokens - 2  # [CLS], [SEP]
+    room = model.settings.model.max_tokens - model.whole.num_special_tokens_to_add(False)
 
     def cut(text: str, encoding: Encoding, inner: list[int]) -> str:
         first = len(inner) - room
         while first < len(inner) and not _word_start(encoding, inner[first]):
             first += 1
-        return text[encoding.offsets[inner[first]][0] :] if first < len(inner) else ""
+        if first == len(inner):
+            return ""
+        # From the end of the token before: byte-level BPE (Ġword) and Metaspace (▁word) read the whitespace
+        # before a word as its own start, so it stays.
+        return text[encoding.offsets[inner[first - 1]][1] :]
 
     return _over(model, texts, room, cut)
 

@@ -1,19 +1,21 @@
 """What the API front does to texts before the stages see them (serving/api/routes_tei.prepared and
 serving/api/truncation.py): TEI's prompt_name, truncation_direction Left and truncate false, against the
-Hugging Face tokenizer's own left truncation on the default model's tokenizer."""
+Hugging Face tokenizer's own left truncation on the default model's tokenizer, and on byte-level BPE and
+Unigram tokenizers (trained in tests/model/test_tokenizer_layouts.py) in its place."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, processors
 
 from serving.api.models import served_model
 from serving.api.routes_tei import prepared
 from serving.api.schema import ApiError
 from serving.api.truncation import keep_first
 from settings import Deployment
+from tests.model.test_tokenizer_layouts import hf_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -80,3 +82,40 @@ def test_max_tokens_per_doc_keeps_each_documents_first_tokens_at_a_word_start(mo
         # At most the pieces of the word the limit splits are dropped, never a token past the limit kept.
         assert kept == first[: len(kept)] and tokens - 4 <= len(kept) <= tokens
     assert keep_first(model, ["short text"], 5) == ["short text"]
+
+
+@pytest.fixture(scope="module", params=["roberta", "xlm-roberta", "without special tokens"])
+def other_model(request, model):
+    """The served model with a byte-level BPE or Unigram tokenizer, or one that adds no special tokens."""
+    name = "roberta" if request.param == "without special tokens" else request.param
+    tokenizer, whole = hf_tokenizer(name, model.settings.model.max_tokens), hf_tokenizer(name, None)
+    if request.param == "without special tokens":
+        for each in (tokenizer, whole):
+            each.post_processor = processors.TemplateProcessing(single="$A", pair="$A $B")
+    return dataclasses.replace(model, tokenizer=tokenizer, whole=whole)
+
+
+def test_left_truncation_cuts_bpe_and_unigram_texts_at_a_word_start(other_model, sentences):
+    text = " ".join(sentences)
+    (cut,) = prepared(other_model, [text.encode()], {"truncation_direction": "Left"})
+    kept, reference = ids(other_model, cut.decode()), left_truncated(other_model, text)
+    specials = other_model.whole.num_special_tokens_to_add(False)
+    assert len(reference) == other_model.settings.model.max_tokens and len(reference) - len(kept) <= 8
+    # What is kept is the reference's end: only the pieces of the word the left truncation splits are dropped.
+    assert kept[: specials // 2] == reference[: specials // 2]
+    assert kept[specials // 2 :] == reference[len(reference) - len(kept) + specials // 2 :]
+
+
+def test_left_truncation_of_bpe_and_unigram_one_token_words_is_exactly_the_tokenizers(other_model):
+    text = " ".join(["value"] * 300) + " and the return"
+    (cut,) = prepared(other_model, [text.encode()], {"truncation_direction": "left"})
+    assert ids(other_model, cut.decode()) == left_truncated(other_model, text)
+
+
+def test_max_tokens_per_doc_cuts_bpe_and_unigram_documents_at_a_word_start(other_model, sentences):
+    text = " ".join(sentences[:20])
+    for tokens in (5, 17, 64):
+        (cut,) = keep_first(other_model, [text], tokens)
+        kept = other_model.whole.encode(cut, add_special_tokens=False).ids
+        first = other_model.whole.encode(text, add_special_tokens=False).ids[:tokens]
+        assert kept == first[: len(kept)] and tokens - 8 <= len(kept) <= tokens

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 from unittest import mock
 
+import pytest
 import tritonclient.grpc as grpcclient
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -17,9 +18,10 @@ from client.core import text_input
 from common.hf_tokenizer import load_tokenizer
 from common.padding import pad_sequences
 from export.checkpoint import tokenizer_file
-from model_repository.stages import text_tokenizer
-from model_repository.stages.text_tokenizer import PREFIX_CHARS_PER_TOKEN, encode_truncated
+from model_repository.stages import prefix_encoding
+from model_repository.stages.prefix_encoding import PREFIX_CHARS_PER_TOKEN, encode_truncated
 from protocol.kserve_grpc import encode_texts
+from tests.model.test_tokenizer_layouts import XLMR_JSON, hf_tokenizer
 
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
@@ -119,14 +121,46 @@ def test_prefix_fast_path_gives_the_ids_of_the_whole_text(texts, max_tokens, cha
     tokenizer = load_tokenizer(minilm_tokenizer_file(), max_tokens)
     spy = EncodeSpy(tokenizer)
     # Prefix lengths of all sizes, so that cuts land at every kind of separator.
-    with mock.patch.object(text_tokenizer, "PREFIX_CHARS_PER_TOKEN", chars_per_token):
-        fast = [encoding.ids for encoding in text_tokenizer.encode_truncated(spy, texts)]
+    with mock.patch.object(prefix_encoding, "PREFIX_CHARS_PER_TOKEN", chars_per_token):
+        fast = [encoding.ids for encoding in encode_truncated(spy, texts)]
     assert fast == [encoding.ids for encoding in tokenizer.encode_batch(texts)]
     assert len(spy.calls) <= 2, "one call for the batch, at most one more for the texts the prefix did not settle"
     # Why: a prefix, cut where it was, tokenizes to the first tokens of the whole text (a bad cut shows above
     # only where it falls right at the truncation point).
     whole = load_tokenizer(minilm_tokenizer_file(), max_tokens)
     whole.no_truncation()
+    for prefix, text in zip(spy.calls[0], texts, strict=True):
+        head = whole.encode(prefix, add_special_tokens=False).ids
+        assert whole.encode(text, add_special_tokens=False).ids[: len(head)] == head
+
+
+@pytest.mark.parametrize("name", ["roberta", "modernbert", "xlm-roberta", XLMR_JSON])
+@settings(max_examples=50, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    texts=st.lists(st.one_of(LONG_TEXTS, UNSPACED_TEXTS), min_size=1, max_size=4),
+    max_tokens=st.integers(8, 32),
+    chars_per_token=st.integers(1, 2 * PREFIX_CHARS_PER_TOKEN),
+)
+# A space after each kind of whitespace (no cut there), after a combining mark, a compatibility character and
+# an added token, the prefix length falling on each character of the pattern.
+@example(
+    texts=[
+        " " * offset + f"river{char} side " * 100 for char in "\xa0\u3000\x85\x1c\u0301\ufb01>" for offset in range(9)
+    ]
+    + ["x" * 600 + " tail", "a <mask> b " * 100, "a  b   c " * 100],
+    max_tokens=8,
+    chars_per_token=16,
+)
+def test_prefix_cut_before_a_space_gives_the_ids_of_the_whole_text(name, texts, max_tokens, chars_per_token):
+    """The cut of byte-level BPE and Unigram tokenizers (prefix_encoding.py): right before a space that follows
+    a character that is not whitespace."""
+    tokenizer = hf_tokenizer(name, max_tokens)
+    spy = EncodeSpy(tokenizer)
+    with mock.patch.object(prefix_encoding, "PREFIX_CHARS_PER_TOKEN", chars_per_token):
+        fast = [encoding.ids for encoding in encode_truncated(spy, texts)]
+    assert fast == [encoding.ids for encoding in tokenizer.encode_batch(texts)]
+    assert len(spy.calls) <= 2, "one call for the batch, at most one more for the texts the prefix did not settle"
+    whole = hf_tokenizer(name, None)
     for prefix, text in zip(spy.calls[0], texts, strict=True):
         head = whole.encode(prefix, add_special_tokens=False).ids
         assert whole.encode(text, add_special_tokens=False).ids[: len(head)] == head
@@ -151,7 +185,7 @@ def test_prefix_fast_path_encodes_a_batch_in_one_call_and_leftovers_in_one_more(
     spy = EncodeSpy(load_tokenizer(minilm_tokenizer_file(), 16))
     spy.tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     encode_truncated(spy, texts)
-    assert spy.calls == [texts], "the prefix argument is BERT's: other tokenizers encode whole texts"
+    assert spy.calls == [texts], "BERT's normalizer with another pre-tokenizer: no argument, whole texts"
 
 
 @FUZZ

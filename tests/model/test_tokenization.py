@@ -17,8 +17,9 @@ from tokenizers import pre_tokenizers
 from common.hf_tokenizer import load_tokenizer
 from export.checkpoint import tokenizer_file
 from loadtest.corpus import load_text
-from model_repository.stages import text_input, text_tokenizer
-from model_repository.stages.text_tokenizer import PREFIX_CHARS_PER_TOKEN, TextTokenizer
+from model_repository.stages import ascii_path, text_input
+from model_repository.stages.prefix_encoding import PREFIX_CHARS_PER_TOKEN
+from model_repository.stages.text_tokenizer import TextTokenizer
 
 
 @functools.cache
@@ -105,7 +106,6 @@ def test_texts_without_whitespace_are_read_from_a_bounded_window():
     """A megabyte without whitespace (CJK, punctuation-joined, one endless word) costs what its kept tokens
     cost: the Hugging Face tokenizer sees at most two windows of it, and the ids are the whole text's."""
     max_tokens = 16
-    text_tokenizer = TextTokenizer.from_file(minilm_tokenizer_file(), max_tokens)
     window = PREFIX_CHARS_PER_TOKEN * max_tokens
     megabyte = 1 << 20
     texts = [
@@ -115,7 +115,7 @@ def test_texts_without_whitespace_are_read_from_a_bounded_window():
         "ü" * 3000 + "。" + "ö" * 3000,
     ]
     calls: list[list[str]] = []
-    inner = text_tokenizer.tokenizer
+    inner = load_tokenizer(minilm_tokenizer_file(), max_tokens)
 
     class Spy:
         def __getattr__(self, name):
@@ -125,10 +125,8 @@ def test_texts_without_whitespace_are_read_from_a_bounded_window():
             calls.append(list(batch))
             return inner.encode_batch(batch, **options)
 
-    text_tokenizer.tokenizer = Spy()
-    ids = packed_rows(text_tokenizer, texts)
-    text_tokenizer.tokenizer = inner
-    assert ids == reference_ids(text_tokenizer, texts)
+    ids = packed_rows(TextTokenizer(Spy(), max_tokens), texts)
+    assert ids == [encoding.ids for encoding in inner.encode_batch(texts)]
     assert len(calls) == 1 and all(len(text) <= 2 * window for text in calls[0]), [len(t) for t in calls[0]]
     ascii_tokenizer = TextTokenizer.from_file(minilm_tokenizer_file(), max_tokens)
     ascii_texts = ["a," * (megabyte // 2), "x" * megabyte]
@@ -161,11 +159,11 @@ def test_empty_batch_packs_to_nothing():
 
 
 def test_word_cache_is_bounded(monkeypatch):
-    monkeypatch.setattr(text_tokenizer, "WORD_CACHE_SIZE", 3)
+    monkeypatch.setattr(ascii_path, "WORD_CACHE_SIZE", 3)
     bounded = TextTokenizer.from_file(minilm_tokenizer_file(), 64)
     texts = ["alpha beta gamma delta epsilon zeta", "alpha zeta"]
     assert packed_rows(bounded, texts) == reference_ids(bounded, texts)
-    assert len(bounded._words) == 3
+    assert len(bounded._ascii._cache) == 3
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,248 @@
+"""The ASCII fast path: the Hugging Face tokenizer's ids for an ASCII text at a fraction of its cost.
+
+For ASCII, each tokenizer's normalizer and pre-tokenizer reduce to a few string operations and one regular
+expression, and each word's ids are the tokenizer model's own (its `tokenize`), kept in a bounded cache: the
+Rust tokenizer spends most of its time tracking character offsets, which serving never reads. Three
+pre-tokenizers have one: BERT's (WordPiece), GPT-2's ByteLevel (byte-level BPE: RoBERTa, ModernBERT) and
+Metaspace (SentencePiece Unigram or BPE: XLM-R, CamemBERT). A text holding an added token, [MASK] say, is not
+taken (the Hugging Face tokenizer matches those first). tests/model/test_tokenizer_layouts.py holds every
+path to the Hugging Face ids.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from tokenizers import Tokenizer
+from tokenizers.models import BPE, Unigram
+from tokenizers.pre_tokenizers import ByteLevel
+
+from . import prefix_encoding
+from .bert_prefix import CUT_CHARS, is_bert
+from .prefix_encoding import LAST_SPACE_CUT, RUNS_OF_SPACES, members, state
+from .special_tokens import Template, longest_first, special_template
+
+# BERT's normalizer drops the ASCII control characters but tab, newline and carriage return (which it reads as
+# spaces); str.translate deletes what maps to None.
+ASCII_CONTROL = dict.fromkeys([*range(0, 9), 11, 12, *range(14, 32), 127])
+# Words of an ASCII text the way BERT's pre-tokenizer splits it: runs of letters and digits, and each other
+# visible character (all of them are punctuation to BERT) on its own.
+BERT_WORDS = {True: re.compile(r"[a-z0-9]+|[^a-z0-9 \t\n\r]"), False: re.compile(r"[A-Za-z0-9]+|[^A-Za-z0-9 \t\n\r]")}
+# ASCII whitespace to the Rust tokenizer (Unicode White_Space, without the \x1c-\x1f of Python's isspace).
+WHITESPACE = "\t\n\x0b\x0c\r "
+# GPT-2's expression (ByteLevel) on ASCII: \p{L} is [A-Za-z], \p{N} [0-9], \s WHITESPACE.
+GPT2_WORDS = re.compile(
+    rf"'s|'t|'re|'ve|'m|'ll|'d| ?[A-Za-z]+| ?[0-9]+| ?[^{WHITESPACE}A-Za-z0-9]+|[{WHITESPACE}]+(?![^{WHITESPACE}])"
+    rf"|[{WHITESPACE}]+"
+)
+# Metaspace's words: each space (its ▁) with what follows up to the next one, and what comes before the first.
+METASPACE_WORDS = re.compile(r" [^ ]*|[^ ]+")
+WHITESPACE_SPLIT_WORDS = re.compile(rf"[^{WHITESPACE}]+")
+UNICODE_NORMALIZERS = frozenset({"NFC", "NFD", "NFKC", "NFKD", "StripAccents"})  # ASCII passes them unchanged
+# Words whose ids are kept for reuse, per tokenizer (natural text has far fewer distinct words), up to this long.
+WORD_CACHE_SIZE = 1 << 18
+CACHED_WORD_CHARS = 64
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A tokenizer's normalizer, pre-tokenizer and model as they act on ASCII text."""
+
+    kind: str  # what the stage's log calls it: WordPiece, byte-level BPE, Unigram
+    normalize: Callable[[str], str]
+    words: re.Pattern  # the pre-tokenizer's words in the normalized text
+    word_ids: Callable[[str], tuple[int, ...]]  # a word's ids, from the model
+    added_raw: bool  # whether normalizing can hide an added token the raw text holds
+    last_cut: Callable[[str, int], int] | None  # where a long text's prefix may end within n characters, or -1
+
+
+class AsciiPath:
+    """The ASCII fast path of a tokenizer truncating to max_tokens: ids and pairs as the tokenizer has them."""
+
+    def __init__(
+        self, reading: Reading, added: re.Pattern | None, template: Template, max_tokens: int, pairs: bool
+    ) -> None:
+        self.reading = reading
+        self.added = added  # any added token, as typed or normalized
+        self.template = template
+        self.max_tokens = max_tokens
+        self.room = max_tokens - template.single_specials
+        self.pairs = pairs  # whether pairs take it too (the tokenizer truncates them longest first, as it does)
+        self._cache: dict[str, tuple[int, ...]] = {}
+
+    @property
+    def kind(self) -> str:
+        return self.reading.kind
+
+    def encode(self, text: str) -> list[int] | None:
+        """An ASCII text's ids, special tokens around them; None if it holds an added token."""
+        inner = self.prefix_ids(text, self.room)
+        return None if inner is None else self.template.wrap(inner)
+
+    def encode_pair(self, query: str, text: str) -> tuple[list[int], list[int]] | None:
+        """An ASCII pair's ids and token types; None if a side holds an added token, or where the whole sides
+        would decide it."""
+        room = self.max_tokens - self.template.pair_specials
+        first, second = self.prefix_ids(query, room + 1), self.prefix_ids(text, room + 1)
+        if first is None or second is None:
+            return None
+        if len(first) > room and len(second) > room and room % 2:
+            return None  # which one is longer decides who keeps the odd token: only the whole texts can say
+        keep_first, keep_second = longest_first(len(first), len(second), room)
+        return self.template.wrap_pair(first[:keep_first], second[:keep_second])
+
+    def ids(self, text: str, limit: int) -> list[int] | None:
+        """The first `limit` ids of an ASCII text, no special tokens; None if it holds an added token."""
+        reading = self.reading
+        normalized = reading.normalize(text)
+        if self.added and (self.added.search(normalized) or (reading.added_raw and self.added.search(text))):
+            return None
+        ids: list[int] = []
+        cache = self._cache
+        for word in reading.words.finditer(normalized):  # lazily: a text without whitespace stops at the limit too
+            word = word.group()
+            pieces = cache.get(word)
+            if pieces is None:
+                pieces = reading.word_ids(word)
+                if len(cache) < WORD_CACHE_SIZE and len(word) <= CACHED_WORD_CHARS:
+                    cache[word] = pieces
+            ids += pieces
+            if len(ids) >= limit:
+                del ids[limit:]
+                break
+        return ids
+
+    def prefix_ids(self, text: str, limit: int) -> list[int] | None:
+        """ids, a long text first read up to its last cut within PREFIX_CHARS_PER_TOKEN * limit characters (the
+        words before it are whole, as in prefix_encoding.py): when that prefix fills the limit, its ids are the
+        whole text's."""
+        window = prefix_encoding.PREFIX_CHARS_PER_TOKEN * limit
+        if self.reading.last_cut and len(text) > window:
+            cut = self.reading.last_cut(text, window)
+            if cut > 0:
+                ids = self.ids(text[:cut], limit)
+                if ids is None or len(ids) == limit:
+                    return ids
+        return self.ids(text, limit)
+
+
+def _bert_last_cut(text: str, window: int) -> int:
+    return max(text.rfind(char, 0, window) for char in CUT_CHARS)
+
+
+def _space_last_cut(text: str, window: int) -> int:
+    match = LAST_SPACE_CUT.match(text, 0, window + 1)
+    return -1 if match is None else match.end()
+
+
+def _trie_pattern(words: set[str]) -> re.Pattern | None:
+    """A pattern matching any of words, as a trie (an alternation of a hundred tokens is ten times slower)."""
+    words = {word for word in words if not any(other != word and other in word for other in words)}
+    tree: dict = {}
+    for word in words:
+        node = tree
+        for char in word:
+            node = node.setdefault(char, {})
+        node[""] = {}
+
+    def branch(node: dict) -> str:
+        if "" in node:  # a word ends here, and none goes on (each holds no other)
+            return ""
+        options = [re.escape(char) + branch(child) for char, child in sorted(node.items())]
+        return options[0] if len(options) == 1 else f"(?:{'|'.join(options)})"
+
+    return re.compile(branch(tree)) if tree else None
+
+
+def _ascii_normalizer(tokenizer: Tokenizer) -> tuple[Callable[[str], str] | None, bool, str]:
+    """(normalize, whether it may hide an added token, why there is none) for a normalizer on ASCII text."""
+    steps, parts = [], members(state(tokenizer.normalizer), "normalizers")
+    for part in parts:
+        if part == RUNS_OF_SPACES:
+            steps.append(lambda text: re.sub(" {2,}", " ", text))
+        elif part["type"] == "Lowercase":
+            steps.append(str.lower)
+        elif part["type"] not in UNICODE_NORMALIZERS:
+            return None, False, f"normalizer {part['type']}"
+
+    def normalize(text: str) -> str:
+        for step in steps:
+            text = step(text)
+        return text
+
+    return normalize, RUNS_OF_SPACES in parts, ""
+
+
+def _reading(tokenizer: Tokenizer) -> tuple[Reading | None, str]:
+    """How the tokenizer reads ASCII text, or None and why it is not known here."""
+    model = tokenizer.model
+    if is_bert(tokenizer):
+        normalizer = tokenizer.normalizer
+        if not normalizer.clean_text:
+            return None, "BertNormalizer without clean_text"
+        lowercase = bool(normalizer.lowercase)
+        unk = (tokenizer.token_to_id(model.unk_token),)
+        if unk == (None,):
+            return None, f"WordPiece's {model.unk_token} not in the vocabulary"
+
+        def wordpiece(word: str) -> tuple[int, ...]:  # a longer word is one [UNK], as WordPiece has it
+            return unk if len(word) > model.max_input_chars_per_word else tuple(t.id for t in model.tokenize(word))
+
+        def normalize(text: str) -> str:
+            text = text.translate(ASCII_CONTROL)
+            return text.lower() if lowercase else text
+
+        return Reading("WordPiece", normalize, BERT_WORDS[lowercase], wordpiece, False, _bert_last_cut), ""
+    normalize, added_raw, refusal = _ascii_normalizer(tokenizer)
+    if normalize is None:
+        return None, refusal
+    if not isinstance(model, (BPE, Unigram)) or (isinstance(model, BPE) and model.dropout):
+        return None, f"model {type(model).__name__}"
+    splitters = members(state(tokenizer.pre_tokenizer), "pretokenizers")
+    kinds = [part["type"] for part in splitters]
+    if kinds == ["ByteLevel"] and splitters[0]["use_regex"] and not splitters[0]["add_prefix_space"]:
+        byte_level = ByteLevel(add_prefix_space=False, use_regex=False)
+        chars = {code: byte_level.pre_tokenize_str(chr(code))[0][0] for code in range(128)}
+        word_ids = _model_ids(model, lambda word: word.translate(chars))
+        return Reading("byte-level BPE", normalize, GPT2_WORDS, word_ids, added_raw, _space_last_cut), ""
+    if kinds[-1:] == ["Metaspace"] and splitters[-1]["split"] and splitters[-1]["prepend_scheme"] != "first":
+        kind, metaspace = type(model).__name__, splitters[-1]["replacement"]
+        prepend = splitters[-1]["prepend_scheme"] == "always"
+        if kinds == ["WhitespaceSplit", "Metaspace"]:  # each word a split of its own, given its ▁
+            head = metaspace if prepend else ""
+            word_ids = _model_ids(model, lambda word: head + word)
+            return Reading(kind, normalize, WHITESPACE_SPLIT_WORDS, word_ids, added_raw, _space_last_cut), ""
+        if kinds == ["Metaspace"]:
+
+            def spaced(text: str) -> str:  # Metaspace's ▁ before the first word
+                text = normalize(text)
+                return " " + text if prepend and text and text[0] != " " else text
+
+            word_ids = _model_ids(model, lambda word: word.replace(" ", metaspace))
+            return Reading(kind, spaced, METASPACE_WORDS, word_ids, added_raw, _space_last_cut), ""
+    return None, f"pre-tokenizer {' + '.join(kinds) or 'none'}"
+
+
+def _model_ids(model, spelled: Callable[[str], str]) -> Callable[[str], tuple[int, ...]]:
+    """A word's ids: the model's tokens of the word as the pre-tokenizer hands it over (spelled)."""
+    return lambda word: tuple(token.id for token in model.tokenize(spelled(word)))
+
+
+def ascii_path(tokenizer: Tokenizer, max_tokens: int, cuts: bool) -> tuple[AsciiPath | None, str]:
+    """The ASCII fast path of the tokenizer truncating to max_tokens, or None and why it has none. cuts: whether
+    prefix_encoding.py has a cut for the tokenizer (else its added tokens may straddle one: long texts are read
+    whole)."""
+    reading, refusal = _reading(tokenizer)
+    if reading is None:
+        return None, refusal
+    truncation, template = tokenizer.truncation, special_template(tokenizer)
+    if not (truncation and truncation["direction"] == "right" and truncation["max_length"] == max_tokens):
+        return None, f"truncation {truncation}"
+    if template is None or template.single_specials > max_tokens:
+        return None, f"post-processor {type(tokenizer.post_processor).__name__}"
+    contents = [t.content for t in tokenizer.get_added_tokens_decoder().values() if t.content.isascii() and t.content]
+    added = _trie_pattern({form for content in contents for form in (content, reading.normalize(content))})
+    pairs = truncation["strategy"] == "longest_first" and template.pair_specials <= max_tokens
+    return AsciiPath(reading if cuts else replace(reading, last_cut=None), added, template, max_tokens, pairs), ""
