@@ -12,7 +12,7 @@ QUERY_INPUT = "query"  # a reranker's second TYPE_STRING input: the query each r
 TOKENS_OUTPUT = "tokens"  # int32 [1] per text: the tokens the model saw ([CLS] and [SEP] included, after truncation)
 SCORE_OUTPUT = "score"  # fp32 [1] per (query, text) pair: a reranker's logit, before any sigmoid
 ENGINE_INPUTS = ("input_ids", "attention_mask")  # int32 [batch, sequence]: ONNX, TensorRT, the two-stage hop
-TOKEN_TYPES = "token_type_ids"  # int32 [batch, sequence], a third engine input for pairs: 0 query, 1 text
+TOKEN_TYPES = "token_type_ids"  # int32 [batch, sequence], a third engine input for BERT pairs: 0 query, 1 text
 SERVING_FILE = "serving.json"
 PROMPTS_FILE = "config_sentence_transformers.json"  # a checkpoint's sentence-transformers prompts, if it has them
 OPTION_PREFIX = "engine."  # config parameters that carry the settings' [engine] options
@@ -30,6 +30,9 @@ class ServingSpec:
     labels: tuple[str, ...]  # classification labels by class index
     max_tokens: int
     pad_token_id: int
+    # Whether the model reads a pair's token types (BERT's segments; RoBERTa's family and the others send none):
+    # the engine then takes them as a third input. True for a serving.json older than the field: BERT's.
+    token_types: bool = True
 
     @classmethod
     def load(cls, model_dir: Path) -> ServingSpec:
@@ -51,4 +54,5 @@ class ServingSpec:
 
     @property
     def engine_inputs(self) -> tuple[str, ...]:
-        return (*ENGINE_INPUTS, TOKEN_TYPES) if self.pairs else ENGINE_INPUTS
+        """What the engine takes: ids and mask, and for pairs of a model that reads them the token types."""
+        return (*ENGINE_INPUTS, TOKEN_TYPES) if self.pairs and self.token_types else ENGINE_INPUTS

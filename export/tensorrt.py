@@ -32,13 +32,16 @@ from settings.tensorrt_profiles import profiles
 VERSIONS_FILE = ROOT / "docker" / "versions.env"
 # The ONNX opsets TensorRT 10's parser accepts for every op below.
 OPSETS = range(13, 21)
-# Ops a BERT-family export may contain, each listed as supported in the TensorRT 10 ONNX parser's
-# operator matrix. Conservative on purpose: anything else is reported, not assumed to work.
+# Ops an export of the encoder families may contain, each listed as supported in the TensorRT 10 ONNX parser's
+# operator matrix (onnx-tensorrt docs/operators.md, 10.0 and 10.1): BERT's; RoBERTa's and MPNet's positions,
+# counted over the ids that are not padding (Not, CumSum, GatherElements); MPNet's relative position buckets (Abs,
+# Log, Min); ModernBERT's rotary embeddings and sliding window (Sin, Cos, Abs, LessOrEqual); DistilBERT's head
+# (Relu). Conservative on purpose: anything else is reported, not assumed to work.
 TENSORRT_OPS = frozenset(
-    "Add And Cast Clip Concat Constant ConstantOfShape DequantizeLinear Div Equal Erf Exp Expand Flatten Gather "
-    "Gelu Gemm Greater GreaterOrEqual Identity LayerNormalization Less LessOrEqual MatMul Max Min Mul Neg Not Or "
-    "Pow QuantizeLinear Range ReduceL2 ReduceMax ReduceMean ReduceSum Reshape Shape Sigmoid Slice Softmax Split "
-    "Sqrt Squeeze Sub Tanh Tile Transpose Unsqueeze Where".split()
+    "Abs Add And Cast Clip Concat Constant ConstantOfShape Cos CumSum DequantizeLinear Div Equal Erf Exp Expand "
+    "Flatten Gather GatherElements Gelu Gemm Greater GreaterOrEqual Identity LayerNormalization Less LessOrEqual Log "
+    "MatMul Max Min Mul Neg Not Or Pow QuantizeLinear Range ReduceL2 ReduceMax ReduceMean ReduceSum Reshape Shape "
+    "Relu Sigmoid Sin Slice Softmax Split Sqrt Squeeze Sub Tanh Tile Transpose Unsqueeze Where".split()
 )
 # Between the scores MatMul and Softmax (scale, mask) and between Softmax and the context MatMul (casts):
 # what TensorRT's multi-head-attention fusion matches through.
@@ -54,24 +57,28 @@ def read_versions(path: Path = VERSIONS_FILE) -> dict[str, str]:
     return {key.strip(): value.strip() for key, value in pairs}
 
 
-def check_onnx(path: Path) -> list[str]:
-    """Reasons the ONNX model would not parse, fuse or batch well in TensorRT; empty when it is fit."""
+def check_onnx(path: Path, inputs: tuple[str, ...] = ENGINE_INPUTS) -> list[str]:
+    """Reasons the ONNX model would not parse, fuse or batch well in TensorRT; empty when it is fit. `inputs`: what
+    the serving spec says the engine takes (ServingSpec.engine_inputs: a BERT reranker's token types too)."""
     model = onnx.load(str(path), load_external_data=False)
     problems = []
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     if opset not in OPSETS:
         problems.append(f"opset {opset} is outside {OPSETS.start}-{OPSETS.stop - 1}")
     graph = model.graph
-    inputs = {tensor.name: tensor for tensor in graph.input}
-    for name in (*ENGINE_INPUTS, *([TOKEN_TYPES] if TOKEN_TYPES in inputs else [])):  # a reranker's token types
-        if name not in inputs:
+    graph_inputs = {tensor.name: tensor for tensor in graph.input}
+    for name in inputs:
+        if name not in graph_inputs:
             problems.append(f"input {name} is missing")
             continue
-        tensor_type = inputs[name].type.tensor_type
+        tensor_type = graph_inputs[name].type.tensor_type
         if tensor_type.elem_type != onnx.TensorProto.INT32:
             problems.append(f"input {name} is {onnx.TensorProto.DataType.Name(tensor_type.elem_type)}, not INT32")
         if [d.dim_param for d in tensor_type.shape.dim] != ["batch", "sequence"]:
             problems.append(f"input {name} needs dynamic [batch, sequence] axes")
+    extra = sorted(set(graph_inputs) - set(inputs))
+    if extra:
+        problems.append(f"inputs the serving spec does not send: {', '.join(extra)}")
     foreign = sorted({f"{n.domain}::{n.op_type}" for n in graph.node if n.domain not in ("", "ai.onnx")})
     if foreign:
         problems.append(f"custom-domain ops TensorRT's parser lacks: {', '.join(foreign)}")
@@ -137,7 +144,7 @@ def precision_onnx(settings: Settings, export_dir: Path, quantized_onnx: Path | 
 def export_reduced_precision(settings: Settings, export_dir: Path, precision: str) -> tuple[Path, dict]:
     """fp16/bf16 ONNX from the exported weights: encoder in reduced precision, pooling and output in fp32."""
     import torch
-    from transformers import BertForSequenceClassification, BertModel
+    from transformers import AutoModel, AutoModelForSequenceClassification
 
     from common.hf_tokenizer import load_tokenizer
     from common.padding import pad_sequences
@@ -145,16 +152,16 @@ def export_reduced_precision(settings: Settings, export_dir: Path, precision: st
     from export.onnx_export import VALIDATION_SENTENCES, ServingModule, export_onnx
 
     spec = ServingSpec.load(export_dir)
-    model_class = BertModel if spec.task == "embedding" else BertForSequenceClassification
-    model = model_class.from_pretrained(export_dir, attn_implementation="eager").eval()
-    module = ServingModule(model, spec.task, Pooling(spec.pooling, spec.normalize))
+    auto = AutoModel if spec.task == "embedding" else AutoModelForSequenceClassification
+    model = auto.from_pretrained(export_dir, attn_implementation="eager").eval()
+    module = ServingModule(model, spec.task, Pooling(spec.pooling, spec.normalize), spec.token_types)
     tokenizer = load_tokenizer(export_dir / "tokenizer.json", spec.max_tokens)
     sentences = VALIDATION_SENTENCES.read_text().splitlines()
     inputs = list(zip(sentences, sentences[1:] + sentences[:1], strict=True)) if spec.pairs else sentences
     encodings = tokenizer.encode_batch(inputs)
     ids, mask = pad_sequences([e.ids for e in encodings], spec.pad_token_id)
     feeds = {"input_ids": ids, "attention_mask": mask}
-    if spec.pairs:
+    if TOKEN_TYPES in spec.engine_inputs:
         feeds[TOKEN_TYPES] = pad_sequences([e.type_ids for e in encodings], 0)[0]
     with torch.no_grad():
         reference = module(*(torch.from_numpy(feeds[name]) for name in spec.engine_inputs)).numpy()
@@ -247,7 +254,7 @@ def prepare(settings: Settings, quantized_onnx: Path | None = None) -> tuple[Pat
     if not (export_dir / "serving.json").is_file():
         raise SettingsError(f"{export_dir} holds no exported model: run `make export` first")
     onnx_path, validation = precision_onnx(settings, export_dir, quantized_onnx)
-    problems = check_onnx(onnx_path)
+    problems = check_onnx(onnx_path, ServingSpec.load(export_dir).engine_inputs)
     if problems:
         raise EngineBuildError(f"{onnx_path} is not fit for TensorRT:\n- " + "\n- ".join(problems))
     spec = build_spec(settings, onnx_path, export_dir / "model.plan")

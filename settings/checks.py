@@ -35,8 +35,9 @@ def check(settings: Settings) -> None:
         raise SettingsError("engine.kind tensorrt builds its plan at one precision: set engine.precision")
     if engine.precision in QUANTIZED and engine.kind != "tensorrt":
         raise SettingsError(f"engine.precision {engine.precision} needs engine.kind tensorrt")
-    if not 2 <= model.max_tokens <= 512:
-        raise SettingsError("model.max_tokens must be between 2 and 512 (BERT position embeddings)")
+    if not 2 <= model.max_tokens <= 8192:
+        # The checkpoint's own limit (512 for BERT, 8,192 for ModernBERT) is checked at export, where it is known.
+        raise SettingsError("model.max_tokens must be between 2 and 8192")
     stages = {"tokenizer": settings.tokenizer, "encoder": settings.encoder, "postprocess": settings.postprocess}
     for name, stage in stages.items():
         if stage.max_batch_size < 1 or stage.instances < 1 or stage.max_queue_delay_us < 0:

@@ -47,7 +47,7 @@ class TritonPythonModel:
         for request in requests:
             ids, mask = (pb_utils.get_input_tensor_by_name(request, name).as_numpy() for name in ENGINE_INPUTS)
             packed.append(unpad(ids, mask))
-            if self.engine.spec.pairs:  # a pair's token types, laid out as its ids
+            if TOKEN_TYPES in self.engine.spec.engine_inputs:  # a BERT pair's token types, laid out as its ids
                 types.append(unpad(pb_utils.get_input_tensor_by_name(request, TOKEN_TYPES).as_numpy(), mask)[0])
         ids = np.concatenate([part[0] for part in packed])
         lengths = np.concatenate([part[1] for part in packed])

@@ -34,10 +34,12 @@ class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         exit_with_parent()  # a killed tritonserver leaves no stub behind (parent_watch.py)
         config, params, version_dir = model_config(args)
-        self.text = TextInput(version_dir, params, instance_count(config))
+        self.text = TextInput(version_dir, params, instance_count(config), pb_utils.Logger.log_info)
         self.pad_id = int(params["pad_token_id"])
         self.buckets = [int(b) for b in params.get("pad_to_buckets", "").split(",") if b]
         self.pairs = params.get("pairs") == "true"  # a reranker's (query, text) rows
+        # Token types go out where the config declares them: pairs of a model that reads them (BERT's).
+        self.send_types = any(output["name"] == TOKEN_TYPES for output in config["output"])
         self._create_metrics(args, int(config["max_batch_size"]))
         gc.freeze()  # what loading made lives on: later collections need not scan it
 
@@ -65,7 +67,7 @@ class TritonPythonModel:
                 continue
             padded, mask = pad_packed(ids, lengths[part], self.pad_id, self.buckets, starts[part])
             tensors = [pb_utils.Tensor(name, array) for name, array in zip(ENGINE_INPUTS, (padded, mask), strict=True)]
-            if types is not None:
+            if self.send_types:
                 padded_types = pad_packed(types, lengths[part], 0, self.buckets, starts[part])[0]
                 tensors.append(pb_utils.Tensor(TOKEN_TYPES, padded_types))
             tensors.append(pb_utils.Tensor(TOKENS_OUTPUT, tokens[part]))

@@ -19,7 +19,7 @@ from settings.deployment import python_stubs
     [
         ('task = "embedding"', 'task = "summarize"', "model.task"),
         ('kind = "auto"', 'kind = "tensorflow"', "engine.kind"),
-        ("max_tokens = 256", "max_tokens = 4096", "max_tokens"),
+        ("max_tokens = 256", "max_tokens = 16384", "max_tokens"),
         ("instances = 1", "instances = 0", "instances"),
         ("max_text_bytes = 1048576", "max_text_bytes = 0", "max_text_bytes"),
         ("max_text_bytes = 1048576", "max_text_bytes = 1.0e6", "max_text_bytes"),

@@ -38,7 +38,7 @@ class OnnxRuntimeCpuEngine(Engine):
             chunk = order[start:stop]
             padded, mask = pad_packed(ids, lengths[chunk], self.spec.pad_token_id, starts=starts[chunk])
             feeds = {"input_ids": padded, "attention_mask": mask}
-            if self.spec.pairs:
+            if TOKEN_TYPES in self.spec.engine_inputs:
                 feeds[TOKEN_TYPES] = pad_packed(types, lengths[chunk], 0, starts=starts[chunk])[0]
             self.computed_tokens += padded.size
             (result,) = self.session.run(None, feeds)
