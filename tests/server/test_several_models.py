@@ -5,13 +5,10 @@ embeddings as their references compute them, and one model's faults stay its own
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
 import time
-import urllib.error
-import urllib.request
 
 import cohere
 import huggingface_hub.constants
@@ -26,6 +23,7 @@ from model_repository.generate import generate
 from serving.launcher.harness import Launcher
 from serving.launcher.triton_command import Ports
 from settings import load_deployment
+from tests.support import api_get, api_post, api_url
 
 EMBEDDER, RERANKER = "all-MiniLM-L6-v2", "reranker"
 
@@ -52,26 +50,6 @@ def launcher(exported, rerank_export, cross_encoder_dir, tmp_path_factory):
     started.process.wait(timeout=60)
 
 
-def api_url(launcher) -> str:
-    return f"http://127.0.0.1:{launcher.ports.api}"
-
-
-def post(launcher, path: str, body: dict) -> tuple[int, object]:
-    request = urllib.request.Request(
-        api_url(launcher) + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-
-
-def get(launcher, path: str) -> object:
-    with urllib.request.urlopen(api_url(launcher) + path, timeout=10) as response:
-        return json.loads(response.read())
-
-
 QUERY = "How does Triton batch requests?"
 DOCUMENTS = load_text()[:30]
 
@@ -86,13 +64,13 @@ def test_cohere_sdk_reranks_as_the_cross_encoder(launcher, cross_encoder):
 
 
 def test_tei_rerank_gives_every_text_by_score_raw_or_sigmoid(launcher, cross_encoder):
-    status, ranks = post(launcher, "/rerank", {"query": QUERY, "texts": DOCUMENTS[:8], "return_text": True})
+    status, ranks = api_post(launcher, "/rerank", {"query": QUERY, "texts": DOCUMENTS[:8], "return_text": True})
     assert status == 200 and len(ranks) == 8
     expected = cross_encoder.predict([(QUERY, document) for document in DOCUMENTS[:8]])
     assert [rank["index"] for rank in ranks] == list(np.argsort(-expected))
     assert all(rank["text"] == DOCUMENTS[rank["index"]] for rank in ranks)
     np.testing.assert_allclose([rank["score"] for rank in ranks], np.sort(expected)[::-1], atol=1e-5)
-    status, raw = post(launcher, "/rerank", {"query": QUERY, "texts": DOCUMENTS[:8], "raw_scores": True})
+    status, raw = api_post(launcher, "/rerank", {"query": QUERY, "texts": DOCUMENTS[:8], "raw_scores": True})
     logits = np.log(expected / (1 - expected))
     np.testing.assert_allclose([rank["score"] for rank in raw], np.sort(logits)[::-1], atol=1e-4)
 
@@ -132,8 +110,8 @@ def test_the_openai_sdk_names_the_embedder_and_is_told_what_else_is_served(launc
 
 
 def test_models_and_info_list_every_model(launcher):
-    assert [model["id"] for model in get(launcher, "/v1/models")["data"]] == [EMBEDDER, RERANKER]
-    info = get(launcher, "/info")
+    assert [model["id"] for model in api_get(launcher, "/v1/models")["data"]] == [EMBEDDER, RERANKER]
+    info = api_get(launcher, "/info")
     assert info["model_id"] == EMBEDDER and [model["model_id"] for model in info["models"]] == [EMBEDDER, RERANKER]
     assert info["models"][1]["model_type"] == {"reranker": {"id2label": {"0": "score"}}}
 
@@ -151,27 +129,27 @@ def test_models_and_info_list_every_model(launcher):
     ],
 )
 def test_bad_rerank_requests_are_named_and_the_server_keeps_serving(launcher, body, status, message):
-    answer_status, answer = post(launcher, "/v2/rerank", body)
+    answer_status, answer = api_post(launcher, "/v2/rerank", body)
     assert answer_status == status and message in answer["error"]["message"], answer
-    assert post(launcher, "/v2/rerank", {"query": QUERY, "documents": ["a"]})[0] == 200
-    assert post(launcher, "/embed", {"inputs": "still serving"})[0] == 200
+    assert api_post(launcher, "/v2/rerank", {"query": QUERY, "documents": ["a"]})[0] == 200
+    assert api_post(launcher, "/embed", {"inputs": "still serving"})[0] == 200
 
 
 def test_tei_similarity_decode_and_truncation(launcher):
-    status, scores = post(
+    status, scores = api_post(
         launcher, "/similarity", {"inputs": {"source_sentence": "a cat", "sentences": ["a cat", "the stock market"]}}
     )
     assert status == 200 and scores[0] == pytest.approx(1.0, abs=1e-5) and scores[1] < 0.5
-    assert post(launcher, "/decode", {"ids": [101, 7592, 2088, 102]}) == (200, ["hello world"])
-    assert post(launcher, "/decode", {"ids": [[101, 7592, 102], [2088]]}) == (200, ["hello", "world"])
+    assert api_post(launcher, "/decode", {"ids": [101, 7592, 2088, 102]}) == (200, ["hello world"])
+    assert api_post(launcher, "/decode", {"ids": [[101, 7592, 102], [2088]]}) == (200, ["hello", "world"])
     long = " ".join(["hello"] * 300) + " and this ending"  # one token a word: 305 with [CLS] and [SEP]
-    status, answer = post(launcher, "/embed", {"inputs": long, "truncate": False})
+    status, answer = api_post(launcher, "/embed", {"inputs": long, "truncate": False})
     assert status == 413 and "305 tokens; the model takes at most 256" in answer["error"]["message"]
-    left = np.array(post(launcher, "/embed", {"inputs": long, "truncation_direction": "Left"})[1])
-    right = np.array(post(launcher, "/embed", {"inputs": long})[1])
-    ending = np.array(post(launcher, "/embed", {"inputs": " ".join(["hello"] * 251) + " and this ending"})[1])
+    left = np.array(api_post(launcher, "/embed", {"inputs": long, "truncation_direction": "Left"})[1])
+    right = np.array(api_post(launcher, "/embed", {"inputs": long})[1])
+    ending = np.array(api_post(launcher, "/embed", {"inputs": " ".join(["hello"] * 251) + " and this ending"})[1])
     assert float((left * ending).sum()) >= 0.99999 and float((left * right).sum()) < 0.99999
-    status, answer = post(launcher, "/embed", {"inputs": "x", "prompt_name": "query"})
+    status, answer = api_post(launcher, "/embed", {"inputs": "x", "prompt_name": "query"})
     assert status == 400 and "not one of the model's prompts (none)" in answer["error"]["message"]
 
 
@@ -188,11 +166,11 @@ def test_a_dead_rerankers_stub_is_restarted_and_the_embedder_never_notices(launc
         status, body = launcher.ready()
         if status == 200 and any(r["model"] == RERANKER for r in body.get("stub_restarts", [])):
             break
-        assert post(launcher, "/embed", {"inputs": "the embedder serves meanwhile"})[0] == 200
+        assert api_post(launcher, "/embed", {"inputs": "the embedder serves meanwhile"})[0] == 200
         time.sleep(0.2)
     else:
         pytest.fail(f"the reranker was not restarted: {launcher.ready()}")
     assert stub_pids(launcher, EMBEDDER) == embedder_stubs
     assert stub_pids(launcher, RERANKER) != [victim]
-    assert post(launcher, "/rerank", {"query": QUERY, "texts": ["back again"]})[0] == 200
+    assert api_post(launcher, "/rerank", {"query": QUERY, "texts": ["back again"]})[0] == 200
     assert {r["model"] for r in launcher.ready()[1]["stub_restarts"]} == {RERANKER}
