@@ -15,6 +15,7 @@ from torch import nn
 from common.contract import TOKEN_TYPES, ServingSpec
 from common.padding import pad_sequences
 from export.checkpoint import Pooling
+from model_repository.stages.engines.models import architecture
 
 VALIDATION_SENTENCES = Path(__file__).with_name("validation_sentences.txt")
 
@@ -41,6 +42,11 @@ class ServingModule(nn.Module):
         super().__init__()
         self.model, self.task, self.pooling = model, task, pooling
         self.token_types = token_types  # the model reads them; the others' forward has no such argument
+        # Where positions start (RoBERTa's family, MPNet: after the padding id). transformers derives them from the
+        # ids with a cumulative sum, an int32 CumSum TensorRT's ONNX parser does not list; rows padded on the right
+        # have them from the mask alone.
+        config = model.config
+        self.first_position = architecture(config.model_type).first_position(config.to_dict())
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
@@ -48,6 +54,9 @@ class ServingModule(nn.Module):
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
         if self.token_types:
             inputs["token_type_ids"] = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
+        if self.first_position:  # a real token at i reads first + i, padding the padding id's row (first - 1)
+            places = torch.arange(1, input_ids.shape[1] + 1, device=input_ids.device)[None, :]
+            inputs["position_ids"] = places * attention_mask.long() + (self.first_position - 1)
         out = self.model(**inputs)
         # The head and pooling run in fp32 whatever the encoder's precision: outputs are always float32.
         if self.task == "rerank":

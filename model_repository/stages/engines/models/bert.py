@@ -30,7 +30,6 @@ class BertEncoder(Encoder):
     presets: ClassVar[dict[str, dict]] = {
         name: {"model_type": "bert", "vocab_size": 30522, **shape} for name, shape in SHAPES.items()
     }
-    position_offset = 0  # a sequence's first token reads this row of the position embeddings
 
     @classmethod
     def reads_token_types(cls, config: dict) -> bool:
@@ -43,6 +42,7 @@ class BertEncoder(Encoder):
         self.set_sizes(int(config["hidden_size"]), int(config["num_attention_heads"]))
         self.act = activation(config.get("hidden_act", "gelu"))
         self.eps = float(config.get("layer_norm_eps", 1e-12))
+        self.position_start = self.first_position(config)
         self.load_embeddings(weights)
         self.layers = [self.load_layer(weights, index) for index in range(int(config["num_hidden_layers"]))]
         self.load_head(weights)
@@ -79,7 +79,7 @@ class BertEncoder(Encoder):
     def hidden_states(self, batch: PackedBatch) -> torch.Tensor:
         types = self.types if self.pair_types else self.type0
         x = self.ops.embed(batch, self.word, self.position_table, types, self.emb_norm, self.pair_types,
-                           self.position_offset)  # fmt: skip
+                           self.position_start)  # fmt: skip
         bias = self.attention_bias(batch)
         for layer in self.layers:
             x = layer(x, batch, self, self.act, bias)

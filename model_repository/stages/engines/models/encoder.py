@@ -72,6 +72,12 @@ class Encoder:
         return int(config.get("max_position_embeddings", 512))
 
     @classmethod
+    def first_position(cls, config: dict) -> int:
+        """The row of the position embeddings a sequence's first token reads (RoBERTa's start after the padding
+        id; transformers computes them from the ids with a cumulative sum, which the export spells out)."""
+        return 0
+
+    @classmethod
     def reads_token_types(cls, config: dict) -> bool:
         """Whether the model adds a token type embedding to a pair's second text (BERT's segments)."""
         return False

@@ -37,9 +37,9 @@ class RobertaEncoder(BertEncoder):
     def reads_token_types(cls, config: dict) -> bool:
         return False
 
-    @property
-    def position_offset(self) -> int:
-        return self.padding_idx(self.config) + 1
+    @classmethod
+    def first_position(cls, config: dict) -> int:
+        return cls.padding_idx(config) + 1
 
     def load_head(self, w: Weights) -> None:
         if self.spec.task == "embedding":
