@@ -39,11 +39,15 @@ def cpu_name() -> str:
     return platform.processor()
 
 
-def sentence_transformer(source: str, warm_up: list[str], batch_size: int):
-    """The reference model on the CPU, its first encode() done."""
+def sentence_transformer(settings, warm_up: list[str], batch_size: int):
+    """The reference model on the CPU, truncating where the served one does, its first encode() done. A random-init
+    preset's reference is its export (the same weights and tokenizer; mean pooling, sentence-transformers' default
+    and the export's)."""
     from sentence_transformers import SentenceTransformer
 
-    model = SentenceTransformer(str(resolve_source(source)), device="cpu")
+    folder = resolve_source(settings.model.source) or settings.export_dir
+    model = SentenceTransformer(str(folder), device="cpu")
+    model.max_seq_length = settings.model.max_tokens
     model.encode(warm_up[:64], batch_size=batch_size)
     return model
 
@@ -55,8 +59,8 @@ def encode_rate(model, texts: list[str], batch_size: int) -> tuple[float, np.nda
     return len(texts) / (time.perf_counter() - started), embeddings
 
 
-def sentence_transformers_rate(source: str, texts: list[str], batch_size: int) -> tuple[float, np.ndarray]:
-    return encode_rate(sentence_transformer(source, texts, batch_size), texts, batch_size)
+def sentence_transformers_rate(settings, texts: list[str], batch_size: int) -> tuple[float, np.ndarray]:
+    return encode_rate(sentence_transformer(settings, texts, batch_size), texts, batch_size)
 
 
 async def ensemble_rate(
@@ -104,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = load_settings(args.settings, args.set)
     texts = load_text()[: args.texts]
 
-    reference, expected = sentence_transformers_rate(settings.model.source, texts, args.st_batch_size)
+    reference, expected = sentence_transformers_rate(settings, texts, args.st_batch_size)
     print(f"sentence-transformers encode(batch_size={args.st_batch_size}): {reference:.1f} texts/s", flush=True)
     choice = settings.engine_choice()
     print(f"served: {choice.describe()}", flush=True)

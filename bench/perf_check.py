@@ -72,7 +72,7 @@ def measure(settings_path: str | None, overrides: list[str], texts: list[str], s
     from bench.cpu_throughput import encode_rate, ensemble_rate, sentence_transformer  # transformers: CPU only
 
     settings = load_settings(settings_path, overrides)
-    model = sentence_transformer(settings.model.source, texts, 32)
+    model = sentence_transformer(settings, texts, 32)
     work_dir = settings.build_dir / "perf_check"
     repository = generate(settings, settings.export_dir, work_dir / "repository")
     loads = dict(zip(shapes, parse_shapes(",".join(shapes)), strict=True))  # "1x32" -> (1, 32)
