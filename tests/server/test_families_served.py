@@ -1,6 +1,7 @@
 """Every family served as BERT is: one tritonserver and one launcher for an XLM-RoBERTa embedder beside an
 XLM-RoBERTa reranker, a ModernBERT and an MPNet embedder, a RoBERTa reranker and a DistilBERT classifier (tiny
-checkpoints of each family's own config class with trained tokenizers, tests/checkpoints.py), on both CPU engines.
+checkpoints of each family's own config class with trained tokenizers, tests/checkpoints.py), on both CPU engines,
+the RoBERTa reranker in the two-stage topology.
 Each client reaches its model with the calls it already makes (the OpenAI and Cohere SDKs, TEI's routes, this
 project's gRPC client, Locust) and gets what sentence-transformers and transformers compute on the same checkpoint;
 a text over a model's limit is truncated, or refused when the caller asks."""
@@ -38,6 +39,7 @@ MODELS = {
     "roberta-reranker": ("roberta", "rerank", "torch", 128),
     "distilbert-classifier": ("distilbert", "classification", "onnxruntime_cpu", 128),
 }
+TWO_STAGE = {"roberta-reranker"}  # tokenizer -> encoder, the pair's ids handed on without token types
 EMBEDDERS = [name for name, (_, task, _, _) in MODELS.items() if task == "embedding"]
 RERANKERS = [name for name, (_, task, _, _) in MODELS.items() if task == "rerank"]
 TEXTS = [*load_text()[:12], *MULTILINGUAL_SENTENCES.read_text().splitlines()[:12]]
@@ -62,10 +64,12 @@ def launcher(checkpoints, settings, tmp_path_factory):
         path.write_text(
             f'[model]\nsource = "{checkpoints[name]}"\nname = "{name}"\ntask = "{task}"\nmax_tokens = {max_tokens}\n\n'
             f'[engine]\nkind = "{kind}"\nprecision = "fp32"\n\n[server]\nbuild_dir = "{work}"\n'
+            + ('\n[ensemble]\ntopology = "two_stage"\n' if name in TWO_STAGE else "")
             + ("\n[api]\nworkers = 1\n" if index == 0 else "")
         )
         files.append(path)
     repository = generate(load_deployment(files))
+    assert {f"{name}-encoder" for name in TWO_STAGE} <= {path.name for path in repository.iterdir()}
     started = Launcher(files, repository, Ports.free(), work / "launcher.log").start()
     yield started
     started.terminate()
