@@ -75,7 +75,8 @@ bench: $(STAMP).repo
 	$(PY) -m bench.cpu_throughput --settings $(SETTINGS)
 
 # Speed regression guard (CI runs it): served model vs sentence-transformers, a ratio from one run, against
-# docs/results/perf-baseline/cpu.json (bench/perf_check.py says how to refresh it).
+# docs/results/perf-baseline/cpu-<engine>-<precision>.json, for the engine "auto" picks on this CPU
+# (bench/perf_check.py says how to refresh it).
 perf-check: $(STAMP).export
 	$(PY) -m bench.perf_check
 

@@ -7,16 +7,19 @@ timed before and after the server and averaged. With --gpu (on a GPU machine, se
 default settings/variants/bert-base-h200.toml): the served path (perf_analyzer over gRPC, one text
 per request) against the engine alone on the same GPU (packed ids in, embeddings out, batch --engine-batch),
 the engine timed before and after the server's rounds. Each load shape's ratio is compared with the baseline
-recorded for this kind of machine in docs/results/perf-baseline/ (cpu.json, gpu-<GPU name>.json); the check
-fails when a ratio is more than --margin (20 %) below its baseline, printing both. `--update` measures and
+recorded for this kind of machine in docs/results/perf-baseline/ (cpu-<engine>-<precision>.json, for the engine
+that "auto" picks on this CPU; gpu-<GPU name>.json); the check fails when a ratio is more than --margin (20 %)
+below its baseline, printing both. `--update` measures and
 writes the baseline instead (do it on a quiet machine of the kind CI runs on, after a change that is meant
 to move the numbers, and commit it).
 
 Why 20 %: each round's ratio scatters by up to +-20 % on a shared 2-core machine, so the check takes the
 median of 7 rounds; three such runs one after the other gave medians within 2 % (1x32) and 8 % (8x8) of each
 other (the baseline file holds all three). A regression worth stopping is larger (ORT on one thread instead
-of two: 1.31x -> 0.82x, caught; docs/results/perf-baseline/), and 20 % stays clear of the spread. On a CPU
-other than the baseline's the margin is 40 % (margin_for): the ratio itself depends on the CPU. On a GPU the
+of two: 1.31x -> 0.82x, caught; docs/results/perf-baseline/), and 20 % stays clear of the spread. The engine is
+part of the machine's kind: "auto" serves torch bf16 where the CPU multiplies bf16 (Zen 4: 2.2x) and ONNX Runtime
+fp32 elsewhere (Zen 3: 1.37x), and both CPUs call themselves "AMD EPYC". On a CPU other than the baseline's the
+margin is 40 % (margin_for): the ratio itself depends on the CPU. On a GPU the
 rounds run on one server: their spread is in the baseline file beside the median.
 """
 
@@ -40,7 +43,6 @@ from serving.launcher.harness import local_server
 from settings import ROOT, load_settings
 
 BASELINES = ROOT / "docs" / "results" / "perf-baseline"
-BASELINE = BASELINES / "cpu.json"
 GPU_SETTINGS = ROOT / "settings" / "variants" / "bert-base-h200.toml"
 OTHER_MACHINE_MARGIN = 0.4
 
@@ -177,7 +179,7 @@ def margin_for(machine: dict, baseline_machine: dict, margin: float) -> float:
     """The margin, widened to OTHER_MACHINE_MARGIN on a machine of another kind than the baseline's: how fast
     the server runs next to sentence-transformers depends on the CPU (its vector units favour one or the other),
     so there only a gross regression counts."""
-    keys = ("gpu",) if "gpu" in machine else ("cpu", "cores")
+    keys = ("gpu",) if "gpu" in machine else ("cpu", "cores", "engine")
     same = all(machine.get(key) == baseline_machine.get(key) for key in keys)
     return margin if same else max(margin, OTHER_MACHINE_MARGIN)
 
@@ -202,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         "--shapes", help="TEXTS_PER_REQUESTxCONCURRENCY, comma separated (CPU 1x32,8x8; GPU 1x64,1x256)"
     )
     parser.add_argument("--margin", type=float, default=0.2)
-    parser.add_argument("--baseline", type=Path, default=BASELINE)
+    parser.add_argument("--baseline", type=Path, help="baseline file (default: this machine's kind's, above)")
     parser.add_argument("--update", action="store_true", help="measure three times and write the baseline")
     parser.add_argument("--out", type=Path, default=Path("build/bench"), help="where this run's JSON goes")
     gpu = parser.add_argument_group("--gpu: the served path against the engine alone, on a GPU machine")
@@ -216,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench import cpu_throughput
 
     texts, shapes = load_text()[: args.texts or 256], (args.shapes or "1x32,8x8").split(",")
+    choice = load_settings(args.settings, args.set).engine_choice()
     runs = [measure(args.settings, args.set, texts, shapes, args.rounds) for _ in range(3 if args.update else 1)]
     measured = runs[0]
     if args.update:  # the baseline: per shape the median of three runs' medians, every run kept beside it
@@ -226,13 +229,14 @@ def main(argv: list[str] | None = None) -> int:
     record = {
         "benchmark": "perf_check",
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "machine": {"cpu": cpu_throughput.cpu_name(), "cores": os.cpu_count()},
+        "machine": {"cpu": cpu_throughput.cpu_name(), "cores": os.cpu_count(), "engine": choice.describe()},
         "command": "python -m bench.perf_check " + " ".join(sys.argv[1:] if argv is None else argv),
         "texts": len(texts),
         "rounds": args.rounds,
         **measured,
     }
-    return report(args, record, measured, "sentence-transformers", args.baseline)
+    baseline = args.baseline or BASELINES / f"cpu-{choice.kind}-{choice.precision}.json"
+    return report(args, record, measured, "sentence-transformers", baseline)
 
 
 def check_gpu(args, argv) -> int:
@@ -249,7 +253,7 @@ def check_gpu(args, argv) -> int:
         "rounds": args.rounds,
         **measured,
     }
-    baseline = args.baseline if args.baseline != BASELINE else BASELINES / f"gpu-{name.lower().replace(' ', '-')}.json"
+    baseline = args.baseline or BASELINES / f"gpu-{name.lower().replace(' ', '-')}.json"
     return report(args, record, measured, "the engine alone", baseline)
 
 
