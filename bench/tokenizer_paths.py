@@ -1,14 +1,17 @@
 """python -m bench.tokenizer_paths: what tokenizing a text costs on each of the stage's paths, per tokenizer family.
 
 For each family (export/tokenizer_training.py: a vocabulary of --vocab-size learned from loadtest/corpus.txt
-and export/multilingual_sentences.txt) the corpus is tokenized in batches of --batch texts, truncated to
---max-tokens, on one core (the process pinned to it, the Rust tokenizer's thread pool off), by:
+and export/multilingual_sentences.txt; the SentencePiece layouts, xlm-roberta-spm and the others, with XLM-R's
+nmt_nfkc character map as real checkpoints ship it) the corpus is tokenized in batches of --batch texts,
+truncated to --max-tokens, on one core (the process pinned to it, the Rust tokenizer's thread pool off), by:
 - `hugging_face`: the Rust tokenizer's encode_batch, what a text takes without the ASCII fast path (every text
   of every tokenizer but BERT's WordPiece took it before the fast paths for byte-level BPE and Unigram);
 - `stage`: TextTokenizer.encode, as the stages call it (the ASCII fast path where the tokenizer has one);
 and the corpus as (query, text) pairs by `hugging_face_pairs` and `stage_pairs` (encode_pairs). Per path the
 CPU microseconds per text (or pair): the best of --repeat passes after one that fills the word caches, and that
-first pass alone. Writes tokenizer_paths.json into --out.
+first pass alone. Also per family: `load_ms`, what building the stage's TextTokenizer takes (the stage does
+at every start), and `megabyte_ms`, one text of a megabyte of the multilingual sentences (not ASCII) by each
+(the stage reads a long text from a prefix where it can). Writes tokenizer_paths.json into --out.
 """
 
 from __future__ import annotations
@@ -23,7 +26,14 @@ from pathlib import Path
 
 from bench.record import header, write
 from common.hf_tokenizer import load_tokenizer
-from export.tokenizer_training import LAYOUTS, MULTILINGUAL_SENTENCES, save_tokenizer, train_tokenizer
+from export.tokenizer_training import (
+    LAYOUTS,
+    MULTILINGUAL_SENTENCES,
+    SENTENCEPIECE_LAYOUTS,
+    save_tokenizer,
+    train_sentencepiece_tokenizer,
+    train_tokenizer,
+)
 from loadtest.corpus import load_text
 from model_repository.stages.text_tokenizer import TextTokenizer
 
@@ -40,10 +50,24 @@ def per_item_us(run: Callable[[list], object], items: list, batch: int, repeat: 
     return min(passes[1:]), passes[0]
 
 
+def best_ms(run: Callable[[], object], repeat: int) -> float:
+    """The least CPU milliseconds of `repeat` runs."""
+    times = []
+    for _ in range(repeat):
+        started = time.process_time()
+        run()
+        times.append((time.process_time() - started) * 1e3)
+    return min(times)
+
+
 def measure(family: str, folder: Path, texts: list[str], args: argparse.Namespace) -> dict:
     vocabulary = MULTILINGUAL_SENTENCES.read_text().splitlines()
-    save_tokenizer(train_tokenizer(family, texts + vocabulary, args.vocab_size), family, folder / family)
     path = folder / family / "tokenizer.json"
+    if family in SENTENCEPIECE_LAYOUTS:
+        path.parent.mkdir()
+        train_sentencepiece_tokenizer(family, texts + vocabulary, args.vocab_size).save(str(path))
+    else:
+        save_tokenizer(train_tokenizer(family, texts + vocabulary, args.vocab_size), family, path.parent)
     reference, stage = load_tokenizer(path, args.max_tokens), TextTokenizer.from_file(path, args.max_tokens)
     pairs = list(zip(texts[::2], texts[1::2], strict=False))
     runs = {
@@ -57,13 +81,20 @@ def measure(family: str, folder: Path, texts: list[str], args: argparse.Namespac
         best, first = per_item_us(run, items, args.batch, args.repeat)
         result["us_per_text"][name] = round(best, 2)
         result["first_pass_us_per_text"][name] = round(first, 2)
+    result["load_ms"] = round(best_ms(lambda: TextTokenizer.from_file(path, args.max_tokens), args.repeat), 1)
+    megabyte = [(" ".join(vocabulary) * (1 + (1 << 20) // len(" ".join(vocabulary))))[: 1 << 20]]
+    result["megabyte_ms"] = {
+        "hugging_face": round(best_ms(lambda: reference.encode_batch(megabyte), 3), 1),
+        "stage": round(best_ms(lambda: stage.encode(megabyte), 3), 1),
+    }
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.tokenizer_paths", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for tokenizer_paths.json")
-    parser.add_argument("--families", nargs="+", choices=LAYOUTS, default=list(LAYOUTS))
+    families = [*LAYOUTS, *SENTENCEPIECE_LAYOUTS]
+    parser.add_argument("--families", nargs="+", choices=families, default=families)
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--batch", type=int, default=16, help="texts per call, as a dynamic batch holds them")
@@ -86,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
             result = measure(family, Path(folder), texts, args)
             record["families"].append(result)
             costs = "  ".join(f"{name} {us:.1f}" for name, us in result["us_per_text"].items())
-            print(f"{family:12} us/text: {costs}\n{'':12} {result['path']}", flush=True)
+            megabyte = "  ".join(f"{name} {ms:.0f}" for name, ms in result["megabyte_ms"].items())
+            print(f"{family:20} us/text: {costs}\n{'':20} load {result['load_ms']} ms; a megabyte, ms: {megabyte}")
+            print(f"{'':20} {result['path']}", flush=True)
     write(args.out, record)
     return 0
 

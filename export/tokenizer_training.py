@@ -14,18 +14,36 @@ hash-map order and its UnigramTrainer sums floats in that order, so both differ 
 Unigram vocabularies are therefore learned with BpeTrainer too: WordPiece's ## continuations as characters of
 their own (what WordPieceTrainer does, numbered in order), Unigram's pieces scored by their log frequency in the
 BPE segmentation of the training words.
+
+train_sentencepiece_tokenizer makes the tokenizer.json of real XLM-R and CamemBERT checkpoints instead, with
+SentencePiece's compiled character map (the Precompiled normalizer) that the layouts above leave out: the test
+suite and bench/tokenizer_paths.py hold the stages to it. It needs sentencepiece (the dev extras), so no export
+calls it.
 """
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import math
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import (
+    AddedToken,
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
 
 # A few hundred lines in a dozen languages and scripts, to train on beside English (loadtest/corpus.txt), so
 # that a vocabulary holds pieces of non-Latin scripts too.
@@ -250,6 +268,50 @@ def train_tokenizer(family: str, texts: Iterable[str], vocab_size: int) -> Token
     spec = FAMILIES[family]
     tokenizer = spec.train(texts, vocab_size)
     spec.finish(tokenizer)
+    return tokenizer
+
+
+# SentencePiece tokenizers as real checkpoints ship them (layout -> transformers' tokenizer class): what
+# transformers 5 builds from a sentencepiece.bpe.model (the character map alone, then WhitespaceSplit and
+# Metaspace: xlm-roberta-base's layout), and the tokenizer.json that transformers 4's XLMRobertaConverter wrote
+# for multilingual-e5, bge-m3 and bge-reranker-v2-m3 (the map then a Replace of runs of spaces, then Metaspace).
+SENTENCEPIECE_LAYOUTS = {
+    "xlm-roberta-spm": "XLMRobertaTokenizer",
+    "camembert-spm": "CamembertTokenizer",
+    "xlm-roberta-spm-json": "XLMRobertaTokenizer",
+}
+
+
+def train_sentencepiece_tokenizer(layout: str, texts: Iterable[str], vocab_size: int) -> Tokenizer:
+    """A tokenizer of `layout` (one of SENTENCEPIECE_LAYOUTS): a SentencePiece Unigram model of at most
+    vocab_size pieces learned from texts with XLM-R's normalization (nmt_nfkc, its character map), converted by
+    transformers as it converts a checkpoint's sentencepiece.bpe.model. Deterministic (one thread)."""
+    import sentencepiece  # the dev extras: exports never call this
+    import transformers
+
+    if layout not in SENTENCEPIECE_LAYOUTS:
+        raise ValueError(f"unknown SentencePiece layout {layout!r}; known: {', '.join(SENTENCEPIECE_LAYOUTS)}")
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts),
+        model_writer=model,
+        vocab_size=vocab_size,
+        hard_vocab_limit=False,
+        model_type="unigram",
+        normalization_rule_name="nmt_nfkc",
+        num_threads=1,
+        minloglevel=2,
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "sentencepiece.bpe.model").write_bytes(model.getvalue())
+        converted = getattr(transformers, SENTENCEPIECE_LAYOUTS[layout]).from_pretrained(folder)
+    tokenizer = Tokenizer.from_str(converted.backend_tokenizer.to_str())
+    if layout == "xlm-roberta-spm-json":
+        charsmap = json.loads(tokenizer.normalizer.__getstate__())["precompiled_charsmap"]
+        tokenizer.normalizer = normalizers.Sequence(
+            [normalizers.Precompiled(base64.b64decode(charsmap)), normalizers.Replace(Regex(" {2,}"), " ")]
+        )
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
     return tokenizer
 
 

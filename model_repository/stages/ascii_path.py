@@ -4,24 +4,28 @@ For ASCII, each tokenizer's normalizer and pre-tokenizer reduce to a few string 
 expression, and each word's ids are the tokenizer model's own (its `tokenize`), kept in a bounded cache: the
 Rust tokenizer spends most of its time tracking character offsets, which serving never reads. Three
 pre-tokenizers have one: BERT's (WordPiece), GPT-2's ByteLevel (byte-level BPE: RoBERTa, ModernBERT) and
-Metaspace (SentencePiece Unigram or BPE: XLM-R, CamemBERT). A text holding an added token, [MASK] say, is not
-taken (the Hugging Face tokenizer matches those first). tests/model/test_tokenizer_layouts.py holds every
-path to the Hugging Face ids.
+Metaspace (SentencePiece Unigram or BPE: XLM-R, CamemBERT). SentencePiece's character map (the Precompiled
+normalizer of real XLM-R and CamemBERT checkpoints) maps a text cluster by cluster (prefix_encoding.py says
+how): an ASCII text's clusters are its characters but for CR LF, one (UAX #29 GB3), so on ASCII the map is a
+table of each ASCII character's and CR LF's replacement, asked of the normalizer itself at load. A text holding
+an added token, [MASK] say, is not taken (the Hugging Face tokenizer matches those first).
+tests/model/test_tokenizer_layouts.py and test_tokenizer_precompiled.py hold every path to the Hugging Face ids.
 """
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, normalizers
 from tokenizers.models import BPE, Unigram
 from tokenizers.pre_tokenizers import ByteLevel
 
 from . import prefix_encoding
 from .bert_prefix import CUT_CHARS, is_bert
-from .prefix_encoding import LAST_SPACE_CUT, RUNS_OF_SPACES, members, state
+from .prefix_encoding import RUNS_OF_SPACES, Cut, SpaceCut, members, state
 from .special_tokens import Template, longest_first, special_template
 
 # BERT's normalizer drops the ASCII control characters but tab, newline and carriage return (which it reads as
@@ -40,6 +44,7 @@ GPT2_WORDS = re.compile(
 # Metaspace's words: each space (its ▁) with what follows up to the next one, and what comes before the first.
 METASPACE_WORDS = re.compile(r" [^ ]*|[^ ]+")
 WHITESPACE_SPLIT_WORDS = re.compile(rf"[^{WHITESPACE}]+")
+RUNS_OF_SPACES_PATTERN = re.compile(" {2,}")
 UNICODE_NORMALIZERS = frozenset({"NFC", "NFD", "NFKC", "NFKD", "StripAccents"})  # ASCII passes them unchanged
 # Words whose ids are kept for reuse, per tokenizer (natural text has far fewer distinct words), up to this long.
 WORD_CACHE_SIZE = 1 << 18
@@ -55,7 +60,8 @@ class Reading:
     words: re.Pattern  # the pre-tokenizer's words in the normalized text
     word_ids: Callable[[str], tuple[int, ...]]  # a word's ids, from the model
     added_raw: bool  # whether normalizing can hide an added token the raw text holds
-    last_cut: Callable[[str, int], int] | None  # where a long text's prefix may end within n characters, or -1
+    # Where a long text's prefix may end within n characters, or -1: BERT's here, the others' from prefix_encoding.
+    last_cut: Callable[[str, int], int] | None
 
 
 class AsciiPath:
@@ -132,11 +138,6 @@ def _bert_last_cut(text: str, window: int) -> int:
     return max(text.rfind(char, 0, window) for char in CUT_CHARS)
 
 
-def _space_last_cut(text: str, window: int) -> int:
-    match = LAST_SPACE_CUT.match(text, 0, window + 1)
-    return -1 if match is None else match.end()
-
-
 def _trie_pattern(words: set[str]) -> re.Pattern | None:
     """A pattern matching any of words, as a trie (an alternation of a hundred tokens is ten times slower)."""
     words = {word for word in words if not any(other != word and other in word for other in words)}
@@ -156,14 +157,43 @@ def _trie_pattern(words: set[str]) -> re.Pattern | None:
     return re.compile(branch(tree)) if tree else None
 
 
+def _charsmap_on_ascii(charsmap: bytes) -> tuple[Callable[[str], str] | None, str]:
+    """SentencePiece's character map on ASCII text (each character's replacement, CR LF's for CR LF), or None
+    and why not: where it maps an ASCII character to a character that is not ASCII, which the steps after it
+    and the pre-tokenizers would not pass unchanged."""
+    charsmap_normalizer = normalizers.Precompiled(charsmap)
+    table = {code: charsmap_normalizer.normalize_str(chr(code)) for code in range(128)}
+    crlf = charsmap_normalizer.normalize_str("\r\n")
+    for text in [*table.values(), crlf]:
+        if not text.isascii():
+            return None, f"normalizer Precompiled maps ASCII to {text!r}"
+    table = {code: text for code, text in table.items() if text != chr(code)}
+    # Finds a character to map faster than translate goes through the text.
+    mapped = re.compile(f"[{''.join(re.escape(chr(code)) for code in table)}]") if table else None
+
+    def charsmap_map(text: str) -> str:
+        if "\r\n" in text:
+            return crlf.join(part.translate(table) for part in text.split("\r\n"))
+        return text.translate(table) if mapped and mapped.search(text) else text
+
+    return charsmap_map, ""
+
+
 def _ascii_normalizer(tokenizer: Tokenizer) -> tuple[Callable[[str], str] | None, bool, str]:
     """(normalize, whether it may hide an added token, why there is none) for a normalizer on ASCII text."""
-    steps, parts = [], members(state(tokenizer.normalizer), "normalizers")
+    steps, parts, added_raw = [], members(state(tokenizer.normalizer), "normalizers"), False
     for part in parts:
         if part == RUNS_OF_SPACES:
-            steps.append(lambda text: re.sub(" {2,}", " ", text))
+            steps.append(lambda text: RUNS_OF_SPACES_PATTERN.sub(" ", text) if "  " in text else text)
+            added_raw = True
         elif part["type"] == "Lowercase":
             steps.append(str.lower)
+        elif part["type"] == "Precompiled":
+            charsmap_map, refusal = _charsmap_on_ascii(base64.b64decode(part["precompiled_charsmap"]))
+            if charsmap_map is None:
+                return None, False, refusal
+            steps.append(charsmap_map)
+            added_raw = True
         elif part["type"] not in UNICODE_NORMALIZERS:
             return None, False, f"normalizer {part['type']}"
 
@@ -172,7 +202,7 @@ def _ascii_normalizer(tokenizer: Tokenizer) -> tuple[Callable[[str], str] | None
             text = step(text)
         return text
 
-    return normalize, RUNS_OF_SPACES in parts, ""
+    return normalize, added_raw, ""
 
 
 def _reading(tokenizer: Tokenizer) -> tuple[Reading | None, str]:
@@ -206,14 +236,14 @@ def _reading(tokenizer: Tokenizer) -> tuple[Reading | None, str]:
         byte_level = ByteLevel(add_prefix_space=False, use_regex=False)
         chars = {code: byte_level.pre_tokenize_str(chr(code))[0][0] for code in range(128)}
         word_ids = _model_ids(model, lambda word: word.translate(chars))
-        return Reading("byte-level BPE", normalize, GPT2_WORDS, word_ids, added_raw, _space_last_cut), ""
+        return Reading("byte-level BPE", normalize, GPT2_WORDS, word_ids, added_raw, None), ""
     if kinds[-1:] == ["Metaspace"] and splitters[-1]["split"] and splitters[-1]["prepend_scheme"] != "first":
         kind, metaspace = type(model).__name__, splitters[-1]["replacement"]
         prepend = splitters[-1]["prepend_scheme"] == "always"
         if kinds == ["WhitespaceSplit", "Metaspace"]:  # each word a split of its own, given its ▁
             head = metaspace if prepend else ""
             word_ids = _model_ids(model, lambda word: head + word)
-            return Reading(kind, normalize, WHITESPACE_SPLIT_WORDS, word_ids, added_raw, _space_last_cut), ""
+            return Reading(kind, normalize, WHITESPACE_SPLIT_WORDS, word_ids, added_raw, None), ""
         if kinds == ["Metaspace"]:
 
             def spaced(text: str) -> str:  # Metaspace's ▁ before the first word
@@ -221,7 +251,7 @@ def _reading(tokenizer: Tokenizer) -> tuple[Reading | None, str]:
                 return " " + text if prepend and text and text[0] != " " else text
 
             word_ids = _model_ids(model, lambda word: word.replace(" ", metaspace))
-            return Reading(kind, spaced, METASPACE_WORDS, word_ids, added_raw, _space_last_cut), ""
+            return Reading(kind, spaced, METASPACE_WORDS, word_ids, added_raw, None), ""
     return None, f"pre-tokenizer {' + '.join(kinds) or 'none'}"
 
 
@@ -230,10 +260,10 @@ def _model_ids(model, spelled: Callable[[str], str]) -> Callable[[str], tuple[in
     return lambda word: tuple(token.id for token in model.tokenize(spelled(word)))
 
 
-def ascii_path(tokenizer: Tokenizer, max_tokens: int, cuts: bool) -> tuple[AsciiPath | None, str]:
-    """The ASCII fast path of the tokenizer truncating to max_tokens, or None and why it has none. cuts: whether
-    prefix_encoding.py has a cut for the tokenizer (else its added tokens may straddle one: long texts are read
-    whole)."""
+def ascii_path(tokenizer: Tokenizer, max_tokens: int, cut: Cut | None) -> tuple[AsciiPath | None, str]:
+    """The ASCII fast path of the tokenizer truncating to max_tokens, or None and why it has none. cut:
+    prefix_encoding.py's cut for the tokenizer (None: there is none, and its added tokens may straddle one, so
+    long texts are read whole)."""
     reading, refusal = _reading(tokenizer)
     if reading is None:
         return None, refusal
@@ -245,4 +275,5 @@ def ascii_path(tokenizer: Tokenizer, max_tokens: int, cuts: bool) -> tuple[Ascii
     contents = [t.content for t in tokenizer.get_added_tokens_decoder().values() if t.content.isascii() and t.content]
     added = _trie_pattern({form for content in contents for form in (content, reading.normalize(content))})
     pairs = truncation["strategy"] == "longest_first" and template.pair_specials <= max_tokens
-    return AsciiPath(reading if cuts else replace(reading, last_cut=None), added, template, max_tokens, pairs), ""
+    last_cut = None if cut is None else cut.last_cut if isinstance(cut, SpaceCut) else reading.last_cut
+    return AsciiPath(replace(reading, last_cut=last_cut), added, template, max_tokens, pairs), ""

@@ -38,7 +38,7 @@ class TextTokenizer:
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
         self._prefix = PrefixEncoder(tokenizer)
-        self._ascii, no_ascii = ascii_path(tokenizer, max_tokens, cuts=self._prefix.cut is not None)
+        self._ascii, no_ascii = ascii_path(tokenizer, max_tokens, self._prefix.cut)
         model = type(tokenizer.model).__name__
         if self._ascii:
             self.path = f"ASCII fast path ({self._ascii.kind}), Hugging Face tokenizer ({model}) for the rest"

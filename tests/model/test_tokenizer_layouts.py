@@ -2,8 +2,10 @@
 texts and pairs, on the whole corpus and on generated texts, long texts read from a bounded prefix.
 
 The tokenizers are trained here (export/tokenizer_training.py: WordPiece for BERT, DistilBERT and MPNet,
-byte-level BPE for RoBERTa and ModernBERT, Unigram for XLM-R and CamemBERT), plus xlm-roberta-base's
-tokenizer.json layout (NFKC and a Replace of runs of spaces, then Metaspace alone) less its Precompiled map."""
+byte-level BPE for RoBERTa and ModernBERT, Unigram for XLM-R and CamemBERT), plus the multilingual-e5 layout
+(NFKC and a Replace of runs of spaces, then Metaspace alone) with NFKC in place of SentencePiece's character
+map, and the real thing: SentencePiece Unigram models trained with XLM-R's nmt_nfkc map and converted by
+transformers (SENTENCEPIECE_LAYOUTS; test_tokenizer_precompiled.py tests the map's own argument)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,13 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers
 
-from export.tokenizer_training import LAYOUTS, MULTILINGUAL_SENTENCES, train_tokenizer
+from export.tokenizer_training import (
+    LAYOUTS,
+    MULTILINGUAL_SENTENCES,
+    SENTENCEPIECE_LAYOUTS,
+    train_sentencepiece_tokenizer,
+    train_tokenizer,
+)
 from loadtest.corpus import load_text
 from model_repository.stages import ascii_path, prefix_encoding
 from model_repository.stages.text_tokenizer import TextTokenizer
@@ -27,7 +35,7 @@ from tests.model.test_tokenization import SlowSpy
 
 ROOT = Path(__file__).resolve().parents[2]
 XLMR_JSON = "xlm-roberta-json"
-TOKENIZERS = (*LAYOUTS, XLMR_JSON)
+TOKENIZERS = (*LAYOUTS, XLMR_JSON, *SENTENCEPIECE_LAYOUTS)
 PATHS = {  # what the stage's log line says of each
     "bert": "ASCII fast path (WordPiece)",
     "distilbert": "ASCII fast path (WordPiece)",
@@ -37,6 +45,9 @@ PATHS = {  # what the stage's log line says of each
     "xlm-roberta": "ASCII fast path (Unigram)",
     "camembert": "ASCII fast path (Unigram)",
     XLMR_JSON: "ASCII fast path (Unigram)",
+    "xlm-roberta-spm": "ASCII fast path (Unigram)",
+    "camembert-spm": "ASCII fast path (Unigram)",
+    "xlm-roberta-spm-json": "ASCII fast path (Unigram)",
 }
 
 
@@ -46,7 +57,10 @@ def training_texts() -> list[str]:
 
 @functools.cache
 def trained(name: str) -> str:
-    """The tokenizer `name` (a family, or XLMR_JSON), trained once a session, as tokenizer.json text."""
+    """The tokenizer `name` (a family, XLMR_JSON or a SentencePiece layout), trained once a session, as
+    tokenizer.json text."""
+    if name in SENTENCEPIECE_LAYOUTS:
+        return train_sentencepiece_tokenizer(name, training_texts(), 3000).to_str()
     tokenizer = train_tokenizer("xlm-roberta" if name == XLMR_JSON else name, training_texts(), 3000)
     if name == XLMR_JSON:
         tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Replace(Regex(" {2,}"), " ")])
@@ -159,7 +173,9 @@ def test_generated_pairs_get_the_hugging_face_ids_and_types(name, pairs, max_tok
     assert got == reference
 
 
-@pytest.mark.parametrize("name", ["bert", "roberta", "xlm-roberta", XLMR_JSON])
+@pytest.mark.parametrize(
+    "name", ["bert", "roberta", "xlm-roberta", XLMR_JSON, "xlm-roberta-spm", "xlm-roberta-spm-json"]
+)
 def test_multi_megabyte_texts_are_read_from_a_bounded_prefix_with_the_whole_texts_ids(name, monkeypatch):
     """Two megabytes of words, ASCII (the fast path) and not (the Hugging Face tokenizer): each sees a prefix
     of at most two windows, and the ids are the whole text's."""
@@ -210,6 +226,6 @@ def test_training_is_the_same_in_every_process():
         "from tests.model.test_tokenizer_layouts import trained\n"
         "print(' '.join(hashlib.sha256(trained(n).encode()).hexdigest() for n in sys.argv[1:]))\n"
     )
-    names = ["bert", "xlm-roberta", "roberta"]
+    names = ["bert", "xlm-roberta", "roberta", "xlm-roberta-spm"]
     other = subprocess.run([sys.executable, "-c", script, *names], capture_output=True, text=True, check=True, cwd=ROOT)
     assert other.stdout.split() == [hashlib.sha256(trained(name).encode()).hexdigest() for name in names]
