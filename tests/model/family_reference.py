@@ -25,6 +25,8 @@ transformers = pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[2]
 CUDA = torch.cuda.is_available()
 TASK_LABELS = {"classification": ("negative", "neutral", "positive"), "rerank": ("score",)}
+# A tiny encoder of BERT's config names (BERT, RoBERTa's family, MPNet): two layers, four heads.
+TINY_LAYERS = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128}
 
 
 def gpu(test):

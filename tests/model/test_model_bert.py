@@ -9,6 +9,7 @@ import torch
 
 from common.contract import ServingSpec
 from tests.model.family_reference import (
+    TINY_LAYERS,
     engine_rows,
     gpu,
     interpreted_rows,
@@ -19,13 +20,13 @@ from tests.model.family_reference import (
     transformers,
 )
 
-TINY = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128}
-
 
 @pytest.mark.parametrize("task", ["embedding", "classification", "rerank"])
 @pytest.mark.parametrize("act", ["gelu", "gelu_new"])
 def test_cpu_fp32_matches_transformers(tmp_path, task, act):
-    model = save_checkpoint(tmp_path, transformers.BertConfig(vocab_size=1000, hidden_act=act, **TINY), task, "cls")
+    model = save_checkpoint(
+        tmp_path, transformers.BertConfig(vocab_size=1000, hidden_act=act, **TINY_LAYERS), task, "cls"
+    )
     spec = ServingSpec.load(tmp_path)
     seqs, types = random_pairs(0, 24, 1000) if task == "rerank" else (random_sequences(0, 24, 1000, 200), None)
     out = engine_rows(tmp_path, seqs, types=types)
@@ -35,7 +36,7 @@ def test_cpu_fp32_matches_transformers(tmp_path, task, act):
 def test_a_pairs_token_types_are_read(tmp_path):
     """A cross-encoder's packed pairs carry their token types into the embedding: the same ids with every type 0
     score otherwise."""
-    save_checkpoint(tmp_path, transformers.BertConfig(vocab_size=1000, **TINY), "rerank")
+    save_checkpoint(tmp_path, transformers.BertConfig(vocab_size=1000, **TINY_LAYERS), "rerank")
     ids, types = random_pairs(1, 24, 1000)
     typed = engine_rows(tmp_path, ids, types=types)
     assert np.abs(typed - engine_rows(tmp_path, ids, types=[np.zeros_like(row) for row in types])).max() > 1e-4
@@ -44,7 +45,7 @@ def test_a_pairs_token_types_are_read(tmp_path):
 def test_the_embedding_kernel_reads_a_pairs_token_types_under_the_interpreter(tmp_path):
     """The pair path of the embedding + LayerNorm kernel (types in the ids' top bits) in Triton's interpreter,
     against the torch ops: a cross-encoder's logits agree."""
-    save_checkpoint(tmp_path, transformers.BertConfig(vocab_size=1000, **TINY), "rerank")
+    save_checkpoint(tmp_path, transformers.BertConfig(vocab_size=1000, **TINY_LAYERS), "rerank")
     ids, types = random_pairs(1, 6, 1000)
     kernel_rows, torch_rows = interpreted_rows(tmp_path, ids, tmp_path, types)
     np.testing.assert_allclose(kernel_rows, torch_rows, atol=2e-6, rtol=0)

@@ -12,6 +12,7 @@ from common.contract import ServingSpec
 from model_repository.stages.engines import load_engine
 from model_repository.stages.engines.models.mpnet import relative_buckets
 from tests.model.family_reference import (
+    TINY_LAYERS,
     centered_cosine,
     engine_rows,
     gpu,
@@ -22,11 +23,9 @@ from tests.model.family_reference import (
     transformers,
 )
 
-TINY = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128}
-
 
 def config(**fields):
-    return transformers.MPNetConfig(vocab_size=1000, max_position_embeddings=514, **{**TINY, **fields})
+    return transformers.MPNetConfig(vocab_size=1000, max_position_embeddings=514, **{**TINY_LAYERS, **fields})
 
 
 def save_mpnet(path, task: str, **fields):

@@ -9,6 +9,7 @@ import pytest
 
 from common.contract import ServingSpec
 from tests.model.family_reference import (
+    TINY_LAYERS,
     centered_cosine,
     engine_rows,
     gpu,
@@ -20,7 +21,6 @@ from tests.model.family_reference import (
     transformers,
 )
 
-TINY = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128}
 CONFIGS = {
     "roberta": transformers.RobertaConfig,
     "xlm-roberta": transformers.XLMRobertaConfig,
@@ -30,7 +30,7 @@ CONFIGS = {
 
 def config(model_type: str, **fields):
     # 130 positions: 128 tokens after the padding id's offset of 2.
-    return CONFIGS[model_type](**{"vocab_size": 1000, "max_position_embeddings": 130, **TINY, **fields})
+    return CONFIGS[model_type](**{"vocab_size": 1000, "max_position_embeddings": 130, **TINY_LAYERS, **fields})
 
 
 @pytest.mark.parametrize("model_type", sorted(CONFIGS))
