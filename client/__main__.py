@@ -1,8 +1,10 @@
-"""python -m client embed|classify|rerank TEXT... : send texts to a served model and print JSON.
+"""python -m client embed|embed-sparse|classify|rerank TEXT... : send texts to a served model and print JSON.
 
 Texts come from the arguments, or one per line from standard input when the only argument is "-". rerank
-takes the query first (--query), then the texts to score against it. On a server of several models, --model
-names one (by its model.name); a one-model server calls its model `ensemble`, the default.
+takes the query first (--query), then the texts to score against it; embed-sparse prints each text's
+non-zero vocabulary entries ({"index", "value"}, TEI's shape), its --top-k largest above --threshold if given.
+On a server of several models, --model names one (by its model.name); a one-model server calls its model
+`ensemble`, the default.
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ import argparse
 import json
 import sys
 
-from client.core import PROTOCOLS, ClientError, RetryPolicy, TextClient
+from client.core import PROTOCOLS, ClientError, RetryPolicy, TextClient, sparse_parameters
+from common.contract import SPARSE_INDICES
+from protocol.sparse import entries
 
-OUTPUTS = {"embed": "embedding", "classify": "label", "rerank": "score"}
+OUTPUTS = {"embed": "embedding", "embed-sparse": SPARSE_INDICES, "classify": "label", "rerank": "score"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=tuple(OUTPUTS))
     parser.add_argument("texts", nargs="+", help='texts to send, or "-" to read one per line from stdin')
     parser.add_argument("--query", help="rerank: the query the texts are scored against")
+    parser.add_argument("--top-k", type=int, help="embed-sparse: keep each text's k largest entries")
+    parser.add_argument("--threshold", type=float, help="embed-sparse: keep the entries above this weight")
     parser.add_argument("--url", help="host:port, or http://host:port (default: from the settings, per protocol)")
     parser.add_argument("--protocol", choices=PROTOCOLS, help="default: the URL's scheme, else grpc")
     parser.add_argument("--model", default="ensemble", help="the served model (default: ensemble, a one-model server)")
@@ -37,17 +43,23 @@ def main(argv: list[str] | None = None) -> int:
         with TextClient(
             args.url, args.protocol, args.model, args.timeout, RetryPolicy(attempts=args.retries)
         ) as client:
-            outputs = client.infer(texts, args.query)
+            outputs = client.infer(texts, args.query, sparse_parameters(args.top_k, args.threshold))
     except (ClientError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if OUTPUTS[args.command] not in outputs:
-        kinds = {"embedding": "an embedding", "label": "a classification", "score": "a reranking"}
+        kinds = {"embedding": "an embedding", SPARSE_INDICES: "a sparse", "label": "a classification",
+                 "score": "a reranking"}  # fmt: skip
         print(f"error: {args.model} is not {kinds[OUTPUTS[args.command]]} model", file=sys.stderr)
         return 1
     result = {"model": args.model}
     if args.command == "embed":
         result["embeddings"] = outputs["embedding"].tolist()
+    elif args.command == "embed-sparse":
+        result["sparse"] = [
+            [{"index": i, "value": v} for i, v in zip(indices.tolist(), values.tolist(), strict=True)]
+            for indices, values in entries(outputs)
+        ]
     elif args.command == "classify":
         result |= {"labels": outputs["label"].tolist(), "scores": outputs["scores"].tolist()}
     else:

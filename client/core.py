@@ -1,4 +1,5 @@
-"""TextClient / AsyncTextClient: texts in, the ensemble's outputs (embeddings, or labels and scores) out.
+"""TextClient / AsyncTextClient: texts in, the ensemble's outputs (embeddings, labels and scores, rerank scores, or
+a sparse model's non-zero entries) out.
 
 Both retry a call that failed because the server was unavailable (gRPC UNAVAILABLE, HTTP 503, a Python stage
 whose stub died and is being restarted, a server that is stopping) with exponential backoff and full jitter,
@@ -24,10 +25,11 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as httpclient_aio
 from tritonclient.utils import InferenceServerException
 
-from common.contract import QUERY_INPUT, SCORE_OUTPUT, TEXT_INPUT
+from common.contract import QUERY_INPUT, SCORE_OUTPUT, SPARSE_THRESHOLD, SPARSE_TOP_K, TEXT_INPUT
 from protocol.api_key import api_key as api_key_of_environment
 from protocol.api_key import headers
 from protocol.kserve_grpc import GRPC_CHANNEL_ARGS, TRANSIENT_MESSAGES, encode_texts
+from protocol.sparse import entries, join_outputs
 
 PROTOCOLS = ("grpc", "http")
 # CANCELLED too: this client never cancels a call itself (its deadline is DEADLINE_EXCEEDED), so a CANCELLED
@@ -127,8 +129,10 @@ def chunks(items: Sequence, limit: int) -> list[Sequence]:
     return [items[i : i + limit] for i in range(0, len(items), limit)] if limit else [items]
 
 
-def join_outputs(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+def sparse_parameters(top_k: int | None, threshold: float | None) -> dict | None:
+    """A sparse request's KServe parameters: what each text's answer keeps (None: the server's settings)."""
+    given = {SPARSE_TOP_K: top_k, SPARSE_THRESHOLD: None if threshold is None else float(threshold)}
+    return {name: value for name, value in given.items() if value is not None} or None
 
 
 def output_names(metadata) -> list[str]:
@@ -163,10 +167,11 @@ class _Base:
         self._max_batch: int | None = None
         self._answered = False  # the server answered once: later refusals are a restart, worth riding out
 
-    def _infer_kwargs(self, remaining_s: float) -> dict:
+    def _infer_kwargs(self, remaining_s: float, parameters: dict | None = None) -> dict:
         # gRPC enforces a per-call deadline; the HTTP client's network timeout is set per connection.
         deadline = {"client_timeout": max(remaining_s, 0.001)} if self.protocol == "grpc" else {}
-        return {**deadline, "headers": self._headers} if self._headers else deadline
+        extra = {"headers": self._headers} if self._headers else {}
+        return {**deadline, **extra, **({"parameters": parameters} if parameters else {})}
 
     def _failed(self, exc: BaseException, started: float, deadline: float, delay: float | None) -> float:
         """Delay before the next try, or raise ClientError when this failure is final."""
@@ -187,7 +192,8 @@ class _Base:
 
 class TextClient(_Base):
     """Blocking client. `infer(texts)` returns every output of the model by name; `embed` the embeddings;
-    `rerank(query, texts)` a reranker's logit for each (query, text) pair."""
+    `rerank(query, texts)` a reranker's logit for each (query, text) pair; `embed_sparse` a sparse model's
+    (indices, values) per text."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -222,17 +228,23 @@ class TextClient(_Base):
         self._describe()
         return self._outputs
 
-    def infer(self, texts: Sequence[str], query: str | None = None) -> dict[str, np.ndarray]:
-        """Every output by name for `texts` (and a reranker's query, paired with each); more texts than the
-        model's max_batch_size go as several requests."""
+    def infer(
+        self, texts: Sequence[str], query: str | None = None, parameters: dict | None = None
+    ) -> dict[str, np.ndarray]:
+        """Every output by name for `texts` (and a reranker's query, paired with each; KServe request parameters);
+        more texts than the model's max_batch_size go as several requests."""
         encoded = encode_texts(texts)  # a text without UTF-8 is named before anything is sent
         asked = None if query is None else encode_texts([query])[0]
         self._describe()
-        return join_outputs([self._infer_one(part, asked) for part in chunks(encoded, self._max_batch)])
+        return join_outputs([self._infer_one(part, asked, parameters) for part in chunks(encoded, self._max_batch)])
 
-    def _infer_one(self, encoded: Sequence[bytes], query: bytes | None = None) -> dict[str, np.ndarray]:
+    def _infer_one(
+        self, encoded: Sequence[bytes], query: bytes | None = None, parameters: dict | None = None
+    ) -> dict[str, np.ndarray]:
         tensors = pair_inputs(self._module, encoded, query)
-        result = self._call(lambda remaining: self._client.infer(self.model, tensors, **self._infer_kwargs(remaining)))
+        result = self._call(
+            lambda remaining: self._client.infer(self.model, tensors, **self._infer_kwargs(remaining, parameters))
+        )
         return decode_outputs(result, self._outputs)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
@@ -241,6 +253,13 @@ class TextClient(_Base):
     def rerank(self, query: str, texts: Sequence[str]) -> np.ndarray:
         """A reranker's logit for each (query, text) pair, in the order of texts (a sigmoid makes it 0..1)."""
         return self.infer(texts, query)[SCORE_OUTPUT].reshape(-1)
+
+    def embed_sparse(
+        self, texts: Sequence[str], top_k: int | None = None, threshold: float | None = None
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """A sparse model's (indices, values) per text: its top_k largest entries above threshold (None: as the
+        server's settings say), ascending index."""
+        return entries(self.infer(texts, parameters=sparse_parameters(top_k, threshold)))
 
     def close(self) -> None:
         self._client.close()
@@ -286,17 +305,23 @@ class AsyncTextClient(_Base):
         await self._describe()
         return self._outputs
 
-    async def infer(self, texts: Sequence[str], query: str | None = None) -> dict[str, np.ndarray]:
+    async def infer(
+        self, texts: Sequence[str], query: str | None = None, parameters: dict | None = None
+    ) -> dict[str, np.ndarray]:
         encoded = encode_texts(texts)
         asked = None if query is None else encode_texts([query])[0]
         await self._describe()
-        parts = await asyncio.gather(*(self._infer_one(part, asked) for part in chunks(encoded, self._max_batch)))
+        parts = await asyncio.gather(
+            *(self._infer_one(part, asked, parameters) for part in chunks(encoded, self._max_batch))
+        )
         return join_outputs(list(parts))
 
-    async def _infer_one(self, encoded: Sequence[bytes], query: bytes | None = None) -> dict[str, np.ndarray]:
+    async def _infer_one(
+        self, encoded: Sequence[bytes], query: bytes | None = None, parameters: dict | None = None
+    ) -> dict[str, np.ndarray]:
         tensors = pair_inputs(self._module, encoded, query)
         result = await self._call(
-            lambda remaining: self._client.infer(self.model, tensors, **self._infer_kwargs(remaining))
+            lambda remaining: self._client.infer(self.model, tensors, **self._infer_kwargs(remaining, parameters))
         )
         return decode_outputs(result, self._outputs)
 
@@ -305,6 +330,11 @@ class AsyncTextClient(_Base):
 
     async def rerank(self, query: str, texts: Sequence[str]) -> np.ndarray:
         return (await self.infer(texts, query))[SCORE_OUTPUT].reshape(-1)
+
+    async def embed_sparse(
+        self, texts: Sequence[str], top_k: int | None = None, threshold: float | None = None
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        return entries(await self.infer(texts, parameters=sparse_parameters(top_k, threshold)))
 
     async def close(self) -> None:
         await self._client.close()

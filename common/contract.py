@@ -15,24 +15,36 @@ ENGINE_INPUTS = ("input_ids", "attention_mask")  # int32 [batch, sequence]: ONNX
 TOKEN_TYPES = "token_type_ids"  # int32 [batch, sequence], a third engine input for BERT pairs: 0 query, 1 text
 SERVING_FILE = "serving.json"
 PROMPTS_FILE = "config_sentence_transformers.json"  # a checkpoint's sentence-transformers prompts, if it has them
+CALIBRATION_FILE = "calibration.json"  # an embedder's int8/uint8 ranges, per dimension (export/calibration.py)
 OPTION_PREFIX = "engine."  # config parameters that carry the settings' [engine] options
+# A sparse model's outputs, per request [texts, that request's most non-zero entries]: each text's vocabulary
+# indices (int32, ascending, padded with -1) and their weights (fp32, padded with 0).
+SPARSE_INDICES = "sparse_indices"
+SPARSE_VALUES = "sparse_values"
+SPARSE_PADDING = {SPARSE_INDICES: -1, SPARSE_VALUES: 0.0}
+# KServe request parameters (and config parameters: the settings' [sparse] defaults) that cut a sparse answer.
+SPARSE_TOP_K = "sparse_top_k"  # int: keep a text's k largest entries; 0: all
+SPARSE_THRESHOLD = "sparse_threshold"  # float: keep entries above it; 0: every non-zero one
+SPARSE_HEAD_FILE = "sparse_head.npz"  # the MLM decoder (weight [vocab, hidden], bias) for onnxruntime_cpu
 
 
 @dataclass(frozen=True)
 class ServingSpec:
     """What `export` recorded about the model: task, pooling and output layout."""
 
-    task: str  # embedding | classification | rerank
-    pooling: str  # mean | cls | max | mean_sqrt_len (embedding only)
+    task: str  # embedding | classification | rerank | sparse
+    pooling: str  # mean | cls | max | mean_sqrt_len (embedding only; sparse: max, SpladePooling's strategy)
     normalize: bool  # L2-normalize pooled embeddings
     hidden_size: int
-    output_size: int  # embedding width or number of labels
+    output_size: int  # embedding width, number of labels, or (sparse) the vocabulary
     labels: tuple[str, ...]  # classification labels by class index
     max_tokens: int
     pad_token_id: int
     # Whether the model reads a pair's token types (BERT's segments; RoBERTa's family and the others send none):
     # the engine then takes them as a third input. True for a serving.json older than the field: BERT's.
     token_types: bool = True
+    # sparse: SpladePooling's activation_function, relu (log1p(relu(x))) or log1p_relu (log1p applied twice).
+    activation: str = "relu"
 
     @classmethod
     def load(cls, model_dir: Path) -> ServingSpec:
@@ -45,7 +57,8 @@ class ServingSpec:
 
     @property
     def output_name(self) -> str:
-        return "embedding" if self.task == "embedding" else "logits"
+        # A sparse model's graph gives each token's MLM-transformed state; the engine projects and pools it.
+        return {"embedding": "embedding", "sparse": "token_states"}.get(self.task, "logits")
 
     @property
     def pairs(self) -> bool:

@@ -14,9 +14,11 @@ import numpy as np
 from common.contract import PROMPTS_FILE, TOKEN_TYPES, ServingSpec
 from common.hf_tokenizer import load_tokenizer
 from export import sha256
+from export.calibration import write_calibration
 from export.checkpoint import CheckpointError, load_model, open_checkpoint, read_pooling, write_tokenizer
 from export.onnx_export import VALIDATION_SENTENCES, ServingModule, export_onnx, validate
-from settings import SettingsError, load_deployment
+from export.sparse_export import SparseStates, save_head, sparse_activation, validate_sparse
+from settings import ROOT, SettingsError, load_deployment
 from settings.schema import TASKS
 
 REPORT_FILE = "export_report.json"
@@ -31,9 +33,11 @@ def export(
     tolerance: float,
     tokenizer_json: Path | None = None,
     onnx: bool = True,
+    calibration_corpus: Path | None = None,
 ) -> dict:
     """The checkpoint exported into out_dir, its ONNX model (unless onnx is false: the torch engine reads the
-    weights alone) validated; the report (export_report.json)."""
+    weights alone) validated, an embedder's int8/uint8 ranges calibrated on calibration_corpus (None: the shipped
+    texts); the report (export_report.json)."""
     started = time.perf_counter()
     checkpoint = open_checkpoint(source, tokenizer_json)
     if max_tokens > checkpoint.positions:
@@ -43,18 +47,26 @@ def export(
         )
     model = load_model(checkpoint, task)
     pooling = read_pooling(checkpoint.folder)
+    has_modules = checkpoint.folder is not None and (checkpoint.folder / "modules.json").is_file()
+    activation = sparse_activation(task, pooling, has_modules, checkpoint.config.model_type)
     config = model.config
     labels = tuple(config.id2label[i] for i in range(config.num_labels)) if task == "classification" else ()
     spec = ServingSpec(
         task=task,
-        pooling=pooling.mode,
+        pooling="max" if activation else pooling.mode,
         normalize=pooling.normalize,
         hidden_size=config.hidden_size,
-        output_size={"embedding": config.hidden_size, "classification": len(labels), "rerank": 1}[task],
+        output_size={
+            "embedding": config.hidden_size,
+            "classification": len(labels),
+            "rerank": 1,
+            "sparse": config.vocab_size,
+        }[task],
         labels=labels,
         max_tokens=max_tokens,
         pad_token_id=config.pad_token_id or 0,
         token_types=checkpoint.reads_token_types,
+        activation=activation or "relu",
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
@@ -63,15 +75,21 @@ def export(
         shutil.copyfile(checkpoint.folder / PROMPTS_FILE, out_dir / PROMPTS_FILE)
     spec.save(out_dir)
     report = {"source": source, "model_type": config.model_type, "task": task}
+    if task == "embedding":  # the ranges the API front quantizes int8/uint8 embeddings by
+        reference = ServingModule(model, task, pooling, spec.token_types).eval()
+        report["calibration"] = write_calibration(reference, out_dir, max_tokens, spec.pad_token_id, calibration_corpus)
     if not onnx:
         (out_dir / "model.onnx").unlink(missing_ok=True)  # an older export's would not match these weights
         report["seconds"] = round(time.perf_counter() - started, 1)
         (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
         return report
 
-    module = ServingModule(model, task, pooling, spec.token_types).eval()
+    sparse = task == "sparse"
+    module = (SparseStates(model) if sparse else ServingModule(model, task, pooling, spec.token_types)).eval()
     partial = out_dir / "model.onnx.partial"
     export_onnx(module, partial, spec, opset)
+    if sparse:
+        save_head(model, out_dir)
     tokenizer = load_tokenizer(out_dir / "tokenizer.json", max_tokens)
     sentences = VALIDATION_SENTENCES.read_text().splitlines()
     # A reranker is validated on pairs: each sentence as the query of the next.
@@ -79,7 +97,10 @@ def export(
     encodings = tokenizer.encode_batch(inputs)
     sequences = [np.array(e.ids, dtype=np.int32) for e in encodings]
     types = [np.array(e.type_ids, dtype=np.int32) for e in encodings] if TOKEN_TYPES in spec.engine_inputs else None
-    deviation = validate(module, partial, sequences, spec.pad_token_id, types)
+    if sparse:
+        deviation = validate_sparse(model, partial, out_dir, sequences, spec)
+    else:
+        deviation = validate(module, partial, sequences, spec.pad_token_id, types)
     report |= {
         "opset": opset,
         "validation_sentences": len(sentences),
@@ -128,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                 settings.engine.onnx_tolerance,
                 args.tokenizer,
                 onnx=settings.engine.kind != "torch",  # the torch engine reads config.json and the weights alone
+                calibration_corpus=ROOT / corpus if (corpus := settings.model.calibration_corpus) else None,
             )
             print(json.dumps(report, indent=2))
     except (SettingsError, CheckpointError) as exc:

@@ -17,7 +17,14 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer
-from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, PretrainedConfig, PreTrainedModel
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForMaskedLM,
+    AutoModelForSequenceClassification,
+    PretrainedConfig,
+    PreTrainedModel,
+)
 
 from export.tokenizer_training import MULTILINGUAL_SENTENCES, config_token_ids, save_tokenizer, train_tokenizer
 from model_repository.stages.engines.models import Encoder, UnsupportedModel, architecture, presets
@@ -42,6 +49,7 @@ class CheckpointError(ValueError):
 class Pooling:
     mode: str  # mean | cls | max | mean_sqrt_len
     normalize: bool
+    splade: str | None = None  # a SparseEncoder's SpladePooling activation_function (relu | log1p_relu); else None
 
 
 @dataclass(frozen=True)
@@ -144,12 +152,13 @@ def write_tokenizer(checkpoint: Checkpoint, out_dir: Path, max_tokens: int, over
 
 
 def read_pooling(folder: Path | None) -> Pooling:
-    """Pooling as the checkpoint's sentence-transformers modules say; mean without normalization otherwise."""
+    """Pooling as the checkpoint's sentence-transformers modules say (a SparseEncoder's SpladePooling: max over the
+    tokens, its activation); mean without normalization otherwise."""
     modules_file = folder / "modules.json" if folder else None
     if modules_file is None or not modules_file.is_file():
         return Pooling("mean", normalize=False)
     modules = json.loads(modules_file.read_text())
-    mode, normalize = "mean", False
+    mode, normalize, splade = "mean", False, None
     for module in modules:
         kind = module["type"].rsplit(".", 1)[-1]
         if kind == "Pooling":
@@ -164,21 +173,40 @@ def read_pooling(folder: Path | None) -> Pooling:
             if len(chosen) != 1:
                 raise CheckpointError(f"exactly one pooling mode is supported, the checkpoint asks for {chosen}")
             mode = chosen[0]
+        elif kind == "SpladePooling":
+            config = json.loads((folder / module["path"] / "config.json").read_text())
+            if config.get("pooling_strategy", "max") != "max":
+                raise CheckpointError(f"SpladePooling {config['pooling_strategy']!r} is not served: max only")
+            mode, splade = "max", config.get("activation_function", "relu")
         elif kind == "Normalize":
             normalize = True
-        elif kind not in ("Transformer",):
+        elif kind not in ("Transformer", "MLMTransformer"):
             raise CheckpointError(f"sentence-transformers module {kind} is not supported")
-    return Pooling(mode, normalize)
+    return Pooling(mode, normalize, splade)
 
 
 def load_model(checkpoint: Checkpoint, task: str, seed: int = 0) -> PreTrainedModel:
-    """The fp32 PyTorch reference model, eager attention: AutoModel for embeddings, and the family's
+    """The fp32 PyTorch reference model, eager attention: AutoModel for embeddings, the family's
     ...ForSequenceClassification for labels and for a reranker (a cross-encoder: pairs in, the first logit its
-    score)."""
-    auto = AutoModel if task == "embedding" else AutoModelForSequenceClassification
+    score), ...ForMaskedLM for sparse vectors."""
+    auto = {"embedding": AutoModel, "sparse": AutoModelForMaskedLM}.get(task, AutoModelForSequenceClassification)
     if checkpoint.folder is not None:
         return auto.from_pretrained(checkpoint.folder, attn_implementation="eager").eval()
     config = copy.deepcopy(checkpoint.config)  # the head's labels are this model's, not the checkpoint's
     config.num_labels = {"classification": 2, "rerank": 1}.get(task, config.num_labels)
     torch.manual_seed(seed)
-    return auto.from_config(config, attn_implementation="eager").eval()
+    model = auto.from_config(config, attn_implementation="eager").eval()
+    if task == "sparse":
+        sparse_random_head(model)
+    return model
+
+
+def sparse_random_head(model: PreTrainedModel) -> None:
+    """A random MLM head's logits are positive for about half the vocabulary, so every text's vector would be
+    dense: its decoder bias is lowered to 3.5 standard deviations of the logits (its LayerNorm gives unit-variance
+    states, the decoder weights the initializer's deviation), leaving a few percent non-zero, about as sparse as a
+    trained SPLADE's. Speed work only: the vectors mean nothing either way."""
+    config = model.config
+    spread = config.initializer_range * config.hidden_size**0.5
+    with torch.no_grad():
+        model.get_output_embeddings().bias.fill_(-3.5 * spread)

@@ -86,10 +86,19 @@ def export_onnx(module: ServingModule, path: Path, spec: ServingSpec, opset: int
             str(path),
             input_names=names,
             output_names=[spec.output_name],
-            dynamic_axes={**axes, spec.output_name: {0: "batch"}},
+            # A sparse graph gives every token's state (sparse_export.py), the others a row per sequence.
+            dynamic_axes={**axes, spec.output_name: axes[names[0]] if spec.task == "sparse" else {0: "batch"}},
             opset_version=opset,
             dynamo=False,
         )
+
+
+def onnx_session(onnx_path: Path) -> ort.InferenceSession:
+    """ONNX Runtime on the CPU, for the validation beside PyTorch."""
+    options = ort.SessionOptions()
+    # Spinning threads left behind by the run would take the cores from PyTorch's reference (1.6x slower, 2 cores).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
 
 
 @dataclass(frozen=True)
@@ -118,10 +127,7 @@ def validate(
 
     Comparing against unpadded single-sequence runs also proves that padding does not leak into pooling.
     """
-    options = ort.SessionOptions()
-    # Spinning threads left behind by the run would take the cores from PyTorch's reference (1.6x slower, 2 cores).
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+    session = onnx_session(onnx_path)
     ids, mask = pad_sequences(sequences, pad_id)
     feeds = {"input_ids": ids, "attention_mask": mask}
     if types is not None:

@@ -5,7 +5,19 @@ from __future__ import annotations
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from common.contract import OPTION_PREFIX, QUERY_INPUT, SCORE_OUTPUT, TEXT_INPUT, TOKENS_OUTPUT, ServingSpec
+from common.contract import (
+    OPTION_PREFIX,
+    QUERY_INPUT,
+    SCORE_OUTPUT,
+    SPARSE_HEAD_FILE,
+    SPARSE_INDICES,
+    SPARSE_THRESHOLD,
+    SPARSE_TOP_K,
+    SPARSE_VALUES,
+    TEXT_INPUT,
+    TOKENS_OUTPUT,
+    ServingSpec,
+)
 from settings import Settings
 from settings.deployment import ServedNames
 from settings.schema import EncoderSettings, StageSettings
@@ -23,6 +35,12 @@ ENGINE_FILES = {
     "torch": ("config.json", "model.safetensors"),
     "tensorrt": ("model.plan", "model.plan.json"),
 }
+
+
+def engine_files(kind: str, spec: ServingSpec) -> tuple[str, ...]:
+    """ENGINE_FILES of the kind; a sparse model's ONNX graph also needs the MLM decoder it is projected with."""
+    files = ENGINE_FILES[kind]
+    return (*files, SPARSE_HEAD_FILE) if spec.task == "sparse" and "model.onnx" in files else files
 
 
 def _tensor(cls, name: str, data_type: int, dims: list[int], **extra):
@@ -142,6 +160,12 @@ def _task_outputs(spec: ServingSpec) -> list[mc.ModelOutput]:
     tokens = _tensor(mc.ModelOutput, TOKENS_OUTPUT, mc.TYPE_INT32, [1])
     if spec.pairs:
         return [_tensor(mc.ModelOutput, SCORE_OUTPUT, mc.TYPE_FP32, [1]), tokens]
+    if spec.task == "sparse":  # per request [texts, its most non-zero entries], padded (common/contract.py)
+        return [
+            _tensor(mc.ModelOutput, SPARSE_INDICES, mc.TYPE_INT32, [-1]),
+            _tensor(mc.ModelOutput, SPARSE_VALUES, mc.TYPE_FP32, [-1]),
+            tokens,
+        ]
     if spec.task == "classification":
         return [
             _tensor(mc.ModelOutput, "label", mc.TYPE_STRING, [1]),
@@ -149,6 +173,13 @@ def _task_outputs(spec: ServingSpec) -> list[mc.ModelOutput]:
             tokens,
         ]
     return [_tensor(mc.ModelOutput, "embedding", mc.TYPE_FP32, [spec.output_size]), tokens]
+
+
+def _sparse(settings: Settings) -> dict[str, object]:
+    """A sparse model's defaults for what each text's answer keeps (a request's parameters override them)."""
+    if settings.model.task != "sparse":
+        return {}
+    return {SPARSE_TOP_K: settings.sparse.top_k, SPARSE_THRESHOLD: settings.sparse.threshold}
 
 
 def one_stage_config(settings: Settings, spec: ServingSpec, names: ServedNames) -> mc.ModelConfig:
@@ -164,7 +195,7 @@ def one_stage_config(settings: Settings, spec: ServingSpec, names: ServedNames) 
         settings.encoder,
         input=_text_inputs(spec),
         output=_task_outputs(spec),
-        parameters=_parameters({**_text_limits(settings, spec), **_engine_parameters(settings)}),
+        parameters=_parameters({**_text_limits(settings, spec), **_engine_parameters(settings), **_sparse(settings)}),
         model_warmup=_text_warmup(spec, settings.ensemble.max_batch_size),
     )
     config.max_batch_size = settings.ensemble.max_batch_size

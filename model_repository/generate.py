@@ -18,12 +18,20 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 import common
-from common.contract import PROMPTS_FILE, QUERY_INPUT, SERVING_FILE, TEXT_INPUT, TOKEN_TYPES, ServingSpec
+from common.contract import (
+    CALIBRATION_FILE,
+    PROMPTS_FILE,
+    QUERY_INPUT,
+    SERVING_FILE,
+    TEXT_INPUT,
+    TOKEN_TYPES,
+    ServingSpec,
+)
 from common.hf_tokenizer import load_tokenizer
 from model_repository.configs import (
-    ENGINE_FILES,
     WARMUP_TEXT,
     encoder_config,
+    engine_files,
     ensemble_config,
     one_stage_config,
     postprocess_config,
@@ -107,7 +115,7 @@ def _checked_export(settings: Settings, export_dir: Path) -> ServingSpec:
     if spec.task != settings.model.task or spec.max_tokens != settings.model.max_tokens:
         raise SettingsError(f"{export_dir} was exported for other settings (task/max_tokens): export again")
     missing = [
-        str(export_dir / name) for name in ENGINE_FILES[settings.engine.kind] if not (export_dir / name).is_file()
+        str(export_dir / name) for name in engine_files(settings.engine.kind, spec) if not (export_dir / name).is_file()
     ]
     if missing:
         step = "make engines" if settings.engine.kind == "tensorrt" else "make export"
@@ -117,12 +125,13 @@ def _checked_export(settings: Settings, export_dir: Path) -> ServingSpec:
 
 def _write_models(out: Path, settings: Settings, spec: ServingSpec, export_dir: Path, names: ServedNames) -> None:
     """The Triton models of one settings file: the one-stage model, or the two-stage ensemble and its steps."""
-    engine_files = [export_dir / name for name in ENGINE_FILES[settings.engine.kind]]
-    # What the API front reads beside the stage that tokenizes: the spec, the tokenizer, the prompts if any.
-    text_files = [export_dir / name for name in ("tokenizer.json", SERVING_FILE, PROMPTS_FILE)]
+    engine_paths = [export_dir / name for name in engine_files(settings.engine.kind, spec)]
+    # What the API front reads beside the stage that tokenizes: the spec, the tokenizer, the prompts and an
+    # embedder's int8/uint8 ranges if any.
+    text_files = [export_dir / name for name in ("tokenizer.json", SERVING_FILE, PROMPTS_FILE, CALIBRATION_FILE)]
     text_files = [path for path in text_files if path.is_file()]
     if settings.topology == "one_stage":
-        files = [*text_files, *engine_files]
+        files = [*text_files, *engine_paths]
         config = one_stage_config(settings, spec, names)
         _write_text_warmup(_write_model(out, config, settings, files, "pipeline_model"), spec)
         return
@@ -130,12 +139,12 @@ def _write_models(out: Path, settings: Settings, spec: ServingSpec, export_dir: 
     config = tokenizer_config(settings, spec, names)
     _write_text_warmup(_write_model(out, config, settings, text_files, "tokenizer_model"), spec)
     if settings.engine.kind == "tensorrt":
-        _write_model(out, tensorrt_encoder_config(settings, spec, names), settings, engine_files)
+        _write_model(out, tensorrt_encoder_config(settings, spec, names), settings, engine_paths)
     else:
         tokenizer = load_tokenizer(tokenizer_file, settings.model.max_tokens)
         warmup = tokenizer.encode(WARMUP_TEXT, WARMUP_TEXT) if spec.pairs else tokenizer.encode(WARMUP_TEXT)
         config = encoder_config(settings, spec, names, len(warmup.ids))
-        encoder_dir = _write_model(out, config, settings, [serving_file, *engine_files], "encoder_model")
+        encoder_dir = _write_model(out, config, settings, [serving_file, *engine_paths], "encoder_model")
         (encoder_dir / "warmup").mkdir()
         values = {"input_ids": warmup.ids, "attention_mask": [1] * len(warmup.ids), TOKEN_TYPES: warmup.type_ids}
         for name in spec.engine_inputs:

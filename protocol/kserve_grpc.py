@@ -57,11 +57,21 @@ def encoded_infer_request(model: str, encoded: Sequence[bytes], outputs: Sequenc
 
 
 def tensors_infer_request(
-    model: str, inputs: dict[str, Sequence[bytes]], outputs: Sequence[str] = (), request_id: str = ""
+    model: str,
+    inputs: dict[str, Sequence[bytes]],
+    outputs: Sequence[str] = (),
+    request_id: str = "",
+    parameters: dict[str, int | float] | None = None,
 ) -> bytes:
     """A serialized ModelInferRequest of BYTES [rows, 1] inputs by name, each row already UTF-8 (a reranker's
-    query beside its text, say), asking for `outputs` by name (none: all of them), with Triton's request id."""
+    query beside its text, say), asking for `outputs` by name (none: all of them), with Triton's request id and
+    request parameters (a sparse model's sparse_top_k, sparse_threshold)."""
     request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
+    for name, value in (parameters or {}).items():
+        if isinstance(value, int):
+            request.parameters[name].int64_param = value
+        else:
+            request.parameters[name].double_param = value
     for name, rows in inputs.items():
         request.inputs.add(name=name, datatype="BYTES", shape=[len(rows), 1])
         request.raw_input_contents.append(b"".join(len(data).to_bytes(4, "little") + data for data in rows))

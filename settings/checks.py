@@ -35,6 +35,7 @@ def check(settings: Settings) -> None:
         raise SettingsError("engine.kind tensorrt builds its plan at one precision: set engine.precision")
     if engine.precision in QUANTIZED and engine.kind != "tensorrt":
         raise SettingsError(f"engine.precision {engine.precision} needs engine.kind tensorrt")
+    _check_sparse(settings)
     if not 2 <= model.max_tokens <= 8192:
         # The checkpoint's own limit (512 for BERT, 8,192 for ModernBERT) is checked at export, where it is known.
         raise SettingsError("model.max_tokens must be between 2 and 8192")
@@ -100,6 +101,16 @@ def check(settings: Settings) -> None:
     if not isinstance(tracing.triton_spans, bool):
         raise SettingsError("tracing.triton_spans is true or false")
     _check_loadtest(settings.loadtest, settings.ensemble.max_batch_size)
+
+
+def _check_sparse(settings: Settings) -> None:
+    sparse = settings.sparse
+    if type(sparse.top_k) is not int or sparse.top_k < 0:
+        raise SettingsError("sparse.top_k must be an integer >= 0 (0: every entry)")
+    if isinstance(sparse.threshold, bool) or not isinstance(sparse.threshold, int | float) or sparse.threshold < 0:
+        raise SettingsError("sparse.threshold must be a number >= 0 (0: every non-zero entry)")
+    if settings.model.task == "sparse" and settings.topology != "one_stage":
+        raise SettingsError('model.task sparse is served by the one-stage model: ensemble.topology "one_stage"')
 
 
 def _check_loadtest(load: LoadTestSettings, max_batch_size: int) -> None:

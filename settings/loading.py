@@ -22,6 +22,7 @@ from settings.schema import (
     ServerSettings,
     Settings,
     SettingsError,
+    SparseSettings,
     StageSettings,
     TensorRTSettings,
     TokenizerSettings,
@@ -133,6 +134,7 @@ def load_settings(path: str | Path | None = None, overrides: tuple[str, ...] | l
     settings = Settings(
         model=_section(ModelSettings, raw, "model"),
         engine=_section(EngineSettings, raw, "engine"),
+        sparse=_section(SparseSettings, raw, "sparse"),
         tokenizer=_section(TokenizerSettings, raw, "tokenizer"),
         encoder=_section(EncoderSettings, raw, "encoder"),
         postprocess=_section(StageSettings, raw, "postprocess"),

@@ -14,8 +14,9 @@ from settings.cores import api_workers
 ROOT = Path(__file__).resolve().parent.parent  # the project: build_dir and settings paths are relative to it
 
 # embedding: pooled vectors; classification: a label and its scores; rerank: a cross-encoder's score for each
-# (query, text) pair (the first logit of its sequence-classification head).
-TASKS = ("embedding", "classification", "rerank")
+# (query, text) pair (the first logit of its sequence-classification head); sparse: each text's non-zero
+# vocabulary weights (SPLADE: a masked-LM checkpoint with SpladePooling).
+TASKS = ("embedding", "classification", "rerank", "sparse")
 # The Python engines (model_repository/stages/engines ENGINES), tensorrt, a plan served by Triton's TensorRT
 # backend, and auto, which the stage decides when it loads (common/engine_choice.py). torch runs on the GPUs of
 # encoder.gpus, or on the CPU without them.
@@ -43,6 +44,7 @@ class ModelSettings:
     name: str
     task: str
     max_tokens: int
+    calibration_corpus: str  # a text file, a line per text; "": the shipped texts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +55,14 @@ class EngineSettings:
     onnx_opset: int
     onnx_tolerance: float
     options: dict  # the engine's own options (its module docstring)
+
+
+@dataclasses.dataclass(frozen=True)
+class SparseSettings:
+    """What a sparse model's answer keeps of each text's entries, unless a request says otherwise."""
+
+    top_k: int  # the largest k; 0: all
+    threshold: float  # those above it; 0: every non-zero one
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +184,7 @@ class LoadTestSettings:
 class Settings:
     model: ModelSettings
     engine: EngineSettings
+    sparse: SparseSettings
     tokenizer: TokenizerSettings
     encoder: EncoderSettings
     postprocess: StageSettings

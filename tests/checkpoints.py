@@ -112,3 +112,30 @@ def write_sentence_transformers(path: Path, hidden_size: int, pooling: str, norm
     pooling_config = {"word_embedding_dimension": hidden_size}
     pooling_config |= {f"pooling_mode_{mode}": mode == chosen[pooling] for mode in modes}
     (path / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config, indent=2) + "\n")
+
+
+def make_sparse_checkpoint(
+    path: Path, model_type: str = "bert", *, activation: str = "relu", nonzero: float = 0.01, seed: int = 0
+) -> Path:
+    """A SPLADE checkpoint in path: random masked-LM weights of the tiny `model_type` (bert or distilbert, the
+    OpenSearch doc models' family) with its tokenizer, saved by sentence-transformers as a SparseEncoder
+    (MLMTransformer + SpladePooling max, `activation`). A fresh decoder's logits are positive for about half the
+    vocabulary, so its bias is lowered until about `nonzero` of the vocabulary weighs something per validation
+    sentence, as sparse as a trained SPLADE's vectors. The folder."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+
+    tokenizer = family_tokenizer(model_type, VOCABULARY)
+    fields = {"vocab_size": tokenizer.get_vocab_size(), **config_token_ids(tokenizer, model_type), **TINY[model_type]}
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForMaskedLM.from_config(transformers.AutoConfig.for_model(model_type, **fields))
+    save_tokenizer(tokenizer, model_type, path, MAX_TOKENS)
+    batch = transformers.AutoTokenizer.from_pretrained(path)(
+        VALIDATION_SENTENCES.read_text().splitlines(), padding=True, return_tensors="pt"
+    )
+    with torch.no_grad():
+        logits = model.eval()(**batch).logits.masked_fill(batch["attention_mask"][..., None] == 0, -1e9)
+        model.get_output_embeddings().bias -= torch.quantile(logits.amax(dim=1).flatten(), 1 - nonzero)
+    model.save_pretrained(str(path), safe_serialization=True)
+    SparseEncoder(modules=[MLMTransformer(str(path)), SpladePooling("max", activation)], device="cpu").save(str(path))
+    return path

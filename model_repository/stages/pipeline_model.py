@@ -1,5 +1,5 @@
 """The one-stage Triton model, served as `ensemble` (or the model's name): text -> embedding, or label and scores,
-or a reranker's (query, text) -> score, in one stub.
+or a reranker's (query, text) -> score, or a sparse model's non-zero entries (sparse_output.py), in one stub.
 
 The whole data path of a dynamic batch in one execute(): every text of every request is tokenized in one
 call (text_tokenizer.TextTokenizer: packed ids, no padding), the engine runs those packed ids at once, and
@@ -25,6 +25,7 @@ from common.contract import QUERY_INPUT, SCORE_OUTPUT, TEXT_INPUT, TOKENS_OUTPUT
 from .classification import label_array, scores_and_labels
 from .model_args import engine_from_args, instance_count, model_config
 from .parent_watch import exit_with_parent
+from .sparse_output import SparseOutput
 from .stage_metrics import StageMetrics, encoder_counts, encoder_metrics, tokenizer_counts, tokenizer_metrics
 from .text_input import TextInput
 
@@ -38,6 +39,7 @@ class TritonPythonModel:
         spec = self.engine.spec
         self.labels = label_array(spec.labels) if spec.task == "classification" else None
         self.pairs = spec.pairs
+        self.sparse = SparseOutput(params) if spec.task == "sparse" else None
         self._create_metrics(args, int(config["max_batch_size"]))
         gc.freeze()  # what loading made lives on: later collections need not scan it
 
@@ -57,12 +59,20 @@ class TritonPythonModel:
             outputs = scores_and_labels(outputs, self.labels)
         tokens = lengths.astype(np.int32).reshape(-1, 1)
         responses = []
-        for part in parts:
+        for request, part in zip(requests, parts, strict=True):
             if isinstance(part, str):
                 error = pb_utils.TritonError(part, pb_utils.TritonError.INVALID_ARG)
                 responses.append(pb_utils.InferenceResponse(error=error))
                 continue
-            if self.pairs:
+            if self.sparse is not None:
+                try:
+                    cut = self.sparse.tensors(outputs[part], request.parameters())
+                except ValueError as exc:
+                    error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
+                    responses.append(pb_utils.InferenceResponse(error=error))
+                    continue
+                tensors = [pb_utils.Tensor(name, array) for name, array in cut.items()]
+            elif self.pairs:
                 tensors = [pb_utils.Tensor(SCORE_OUTPUT, outputs[part])]
             elif self.labels is None:
                 tensors = [pb_utils.Tensor("embedding", outputs[part])]

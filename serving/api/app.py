@@ -5,8 +5,9 @@
 Routes (one aiohttp process; the launcher runs api.workers of them on api.port), by who calls them:
 
     OpenAI (routes_openai.py)   POST /v1/embeddings (/embeddings), GET /v1/models[/{model}]
-    TEI (routes_tei.py)         POST /, /embed, /predict, /rerank, /similarity, /tokenize, /decode; GET /info
-    Cohere (routes_cohere.py)   POST /v2/rerank, /v1/rerank
+    TEI (routes_tei.py)         POST /, /embed, /embed_sparse, /predict, /rerank, /similarity, /tokenize, /decode;
+                                GET /info
+    Cohere (routes_cohere.py)   POST /v2/rerank, /v1/rerank, /v2/embed, /v1/embed
     everyone                    GET /health (the launcher's /ready), /metrics (the server's metrics port)
 
 OpenAI's and Cohere's requests name their model (models.py: 404 naming the served ones); TEI's go to the first

@@ -15,7 +15,8 @@ sent again alone, so a bad text fails its own request only. A request whose clie
 its handler) leaves the queue; once sent, its rows are computed and dropped. api.coalesce_calls = 0: every
 request is a call of its own. Each request's RequestContext gets the time it queued and the time of the
 call that carried it; the call's Triton id lists the ids of its requests, and it carries the trace context
-of the first of them that is traced.
+of the first of them that is traced. A request with KServe parameters of its own (a sparse model's top_k,
+threshold) goes alone: one call carries one set.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class _Request:
     inputs: dict[str, list[bytes]]
     rows: int
     size: int
+    parameters: dict | None = None
     answer: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     context: RequestContext | None = field(default_factory=CURRENT.get)
     queued: float = field(default_factory=time.perf_counter)
@@ -79,12 +81,12 @@ class Coalescer:
         self._timer: asyncio.TimerHandle | None = None
         self._calls: set[asyncio.Task] = set()  # referenced until done: the loop keeps weak references only
 
-    async def infer(self, inputs: dict[str, list[bytes]]) -> dict[str, np.ndarray]:
+    async def infer(self, inputs: dict[str, list[bytes]], parameters: dict | None = None) -> dict[str, np.ndarray]:
         """The outputs for these rows (every input one row per text), as if they had been a call of their own."""
         rows = len(next(iter(inputs.values())))
         size = sum(len(value) for values in inputs.values() for value in values)
-        if self.max_calls == 0 or rows >= self.max_texts or size >= self.max_bytes:
-            return await self._direct(_Request(inputs, rows, size))
+        if parameters or self.max_calls == 0 or rows >= self.max_texts or size >= self.max_bytes:
+            return await self._direct(_Request(inputs, rows, size, parameters))
         request = _Request(inputs, rows, size)
         self._queue.append(request)
         self._queued_rows += rows
@@ -166,8 +168,9 @@ class Coalescer:
         started = time.perf_counter()
         try:
             return await self.link.infer(
-                self.model, request.inputs, self.outputs, self.max_texts, self.max_bytes, 1, request.id, request.trace
-            )
+                self.model, request.inputs, self.outputs, self.max_texts, self.max_bytes, 1, request.id, request.trace,
+                parameters=request.parameters,
+            )  # fmt: skip
         finally:
             _timed(request.context, started)
 

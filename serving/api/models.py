@@ -8,19 +8,27 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from tokenizers import Tokenizer
 
 from common.contract import PROMPTS_FILE, SERVING_FILE, ServingSpec
 from common.hf_tokenizer import load_tokenizer
+from serving.api.quantization import CALIBRATED, load_ranges
 from serving.api.schema import ApiError, Limits
 from settings import Deployment, Settings
 
 # What each task's model is called, and the routes to use for it, for the error that names them.
-NOUNS = {"embedding": "an embedding model", "classification": "a classification model", "rerank": "a reranker"}
+NOUNS = {
+    "embedding": "an embedding model",
+    "classification": "a classification model",
+    "rerank": "a reranker",
+    "sparse": "a sparse embedding model",
+}
 ROUTES = {
-    "embedding": "POST /v1/embeddings or /embed",
+    "embedding": "POST /v1/embeddings, /v2/embed or /embed",
     "classification": "POST /predict",
     "rerank": "POST /rerank or /v2/rerank",
+    "sparse": "POST /embed_sparse",
 }
 
 
@@ -34,6 +42,7 @@ class ServedModel:
     whole: Tokenizer  # the same without truncation: token counts, left truncation
     limits: Limits
     prompts: dict[str, str]  # sentence-transformers' prompts by name (TEI's prompt_name)
+    ranges: np.ndarray | None  # an embedder's int8/uint8 ranges (2, dim) from its export; None if it has none
 
     @property
     def task(self) -> str:
@@ -47,13 +56,24 @@ class ServedModel:
     def max_bytes(self) -> int:
         return self.settings.tokenizer.max_request_bytes
 
+    def ranges_for(self, kinds: tuple[str, ...], param: str) -> np.ndarray | None:
+        """The ranges, where int8 or uint8 is asked for; 400 naming the kind when the export has none."""
+        calibrated = [kind for kind in kinds if kind in CALIBRATED]
+        if calibrated and self.ranges is None:
+            message = (
+                f"{self.name} has no calibrated ranges for {calibrated[0]} (its export predates them): export it again"
+            )
+            raise ApiError(400, message, param)
+        return self.ranges
+
     def refuse_task(self, wanted: str) -> ApiError:
         message = f"{self.name} is {NOUNS[self.task]}, not {NOUNS[wanted]}: use {ROUTES[self.task]}"
         return ApiError(400, message, "model")
 
 
 def served_model(deployment: Deployment, settings: Settings, repository: Path) -> ServedModel:
-    """One model as the repository holds it: serving.json and tokenizer.json beside the stage that tokenizes."""
+    """One model as the repository holds it: serving.json, tokenizer.json and an embedder's calibration.json beside
+    the stage that tokenizes."""
     names = deployment.names(settings)
     folder = repository / (names.model if settings.topology == "one_stage" else names.tokenizer) / "1"
     if not (folder / SERVING_FILE).is_file():
@@ -65,7 +85,8 @@ def served_model(deployment: Deployment, settings: Settings, repository: Path) -
     prompts_file = folder / PROMPTS_FILE
     prompts = json.loads(prompts_file.read_text()).get("prompts", {}) if prompts_file.is_file() else {}
     limits = Limits(deployment.api.max_inputs, settings.tokenizer.max_text_bytes, spec.output_size)
-    return ServedModel(settings.model.name, names.model, settings, spec, tokenizer, whole, limits, prompts)
+    ranges = load_ranges(folder)
+    return ServedModel(settings.model.name, names.model, settings, spec, tokenizer, whole, limits, prompts, ranges)
 
 
 class Models:

@@ -23,8 +23,9 @@ async def embeddings(request: web.Request) -> web.Response:
     body = await read_json(request)
     model = api.models.named(body.get("model") if isinstance(body, dict) else None, "embedding")
     parsed = openai_request(body, model.limits)
+    ranges = model.ranges_for((parsed.encoding_format,), "encoding_format")
     vectors, tokens = await embed_texts(request, model, parsed.encoded, parsed.dimensions, normalize=True)
-    return answer(openai_response(vectors, tokens, parsed.encoding_format, model.name))
+    return answer(openai_response(vectors, tokens, parsed.encoding_format, model.name, ranges))
 
 
 async def models(request: web.Request) -> web.Response:

@@ -1,5 +1,6 @@
 """Hugging Face TEI's routes, the calls its clients make (huggingface_hub's InferenceClient, the integrations
-built on it): POST /embed, /predict, /rerank, /similarity, /tokenize, /decode, GET /info, and POST / dispatched
+built on it): POST /embed, /embed_sparse, /predict, /rerank, /similarity, /tokenize, /decode, GET /info, and POST /
+dispatched
 by the first model's task as TEI dispatches it. TEI serves one model and its requests name none: each route
 goes to the first served model of its task."""
 
@@ -8,7 +9,16 @@ from __future__ import annotations
 import numpy as np
 from aiohttp import web
 
-from common.contract import QUERY_INPUT, SCORE_OUTPUT, TEXT_INPUT
+from common.contract import (
+    QUERY_INPUT,
+    SCORE_OUTPUT,
+    SPARSE_INDICES,
+    SPARSE_THRESHOLD,
+    SPARSE_TOP_K,
+    SPARSE_VALUES,
+    TEXT_INPUT,
+)
+from protocol.sparse import entries
 from serving.api.models import ServedModel
 from serving.api.routes_openai import embed_texts
 from serving.api.schema import (
@@ -26,6 +36,7 @@ from serving.api.service import answer, api_of, read_json
 from serving.api.truncation import keep_last, refuse_over_limit
 
 EMBED_FIELDS = frozenset({"normalize", "truncate", "truncation_direction", "prompt_name", "dimensions"})
+SPARSE_FIELDS = frozenset({"truncate", "truncation_direction", "prompt_name", "top_k", "threshold"})
 
 
 def prepared(model: ServedModel, encoded: list[bytes], body: dict, param: str = "inputs") -> list[bytes]:
@@ -53,6 +64,33 @@ async def embed(request: web.Request) -> web.Response:
     width = dimensions(body.get("dimensions"), model.limits)
     vectors, _ = await embed_texts(request, model, prepared(model, encoded, body), width, body.get("normalize", True))
     return answer(vectors)
+
+
+def sparse_parameters(body: dict) -> dict[str, int | float]:
+    """The request's top_k and threshold (ours, beside TEI's fields) as the stage's KServe parameters; the
+    settings' [sparse] where it gives none."""
+    parameters = {}
+    top_k, threshold = body.get("top_k"), body.get("threshold")
+    if top_k is not None:
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise ApiError(400, "'top_k' must be a positive integer", "top_k")
+        parameters[SPARSE_TOP_K] = top_k
+    if threshold is not None:
+        if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not threshold >= 0:
+            raise ApiError(400, "'threshold' must be a number >= 0", "threshold")
+        parameters[SPARSE_THRESHOLD] = float(threshold)
+    return parameters
+
+
+async def embed_sparse(request: web.Request) -> web.Response:
+    """Each text's non-zero vocabulary weights, as TEI answers them: [[{"index", "value"}, ...], ...]."""
+    model = api_of(request).models.for_task("sparse")
+    encoded, body = tei_request(await read_json(request), model.limits, SPARSE_FIELDS)
+    parameters = sparse_parameters(body)
+    inputs = {TEXT_INPUT: prepared(model, encoded, body)}
+    outputs = await api_of(request).infer(model, inputs, [SPARSE_INDICES, SPARSE_VALUES], parameters or None)
+    rows = [zip(indices.tolist(), values.tolist(), strict=True) for indices, values in entries(outputs)]
+    return answer([[{"index": i, "value": v} for i, v in row] for row in rows])
 
 
 async def predict(request: web.Request) -> web.Response:
@@ -153,6 +191,8 @@ def model_info(model: ServedModel) -> dict:
         model_type = {"classifier": {"id2label": {str(i): label for i, label in enumerate(spec.labels)}}}
     elif spec.task == "rerank":
         model_type = {"reranker": {"id2label": {"0": "score"}}}
+    elif spec.task == "sparse":
+        model_type = {"embedding": {"pooling": "splade", "dimensions": spec.output_size}}
     else:
         model_type = {"embedding": {"pooling": spec.pooling, "dimensions": spec.output_size}}
     choice = model.settings.engine_choice()
@@ -177,14 +217,16 @@ async def info(request: web.Request) -> web.Response:
 
 
 async def root(request: web.Request) -> web.Response:
-    """POST /, as TEI answers it: the first model's task decides (embed, predict, rerank)."""
-    handler = {"embedding": embed, "classification": predict, "rerank": rerank}[api_of(request).models.first.task]
+    """POST /, as TEI answers it: the first model's task decides (embed, predict, rerank, embed_sparse)."""
+    handlers = {"embedding": embed, "classification": predict, "rerank": rerank, "sparse": embed_sparse}
+    handler = handlers[api_of(request).models.first.task]
     return await handler(request)
 
 
 def add_routes(router: web.UrlDispatcher) -> None:
     router.add_post("/", root)
     router.add_post("/embed", embed)
+    router.add_post("/embed_sparse", embed_sparse)
     router.add_post("/predict", predict)
     router.add_post("/rerank", rerank)
     router.add_post("/similarity", similarity)

@@ -1,4 +1,4 @@
-"""The API front's request and response shapes: OpenAI's /v1/embeddings, TEI's routes, Cohere's rerank.
+"""The API front's request and response shapes: OpenAI's /v1/embeddings, TEI's routes, Cohere's rerank and embed.
 
 Parsing checks everything a request says before any text reaches Triton, and names the item at fault:
 `input[3] must be a string`, `input[0] has 2000000 bytes; at most 1048576`. Errors carry OpenAI's shape
@@ -7,12 +7,14 @@ Parsing checks everything a request says before any text reaches Triton, and nam
 
 from __future__ import annotations
 
-import base64
 from dataclasses import dataclass
 
 import numpy as np
 
-ENCODINGS = ("float", "base64")
+from serving.api.quantization import FLOATS, QUANTIZED, encoded_rows
+
+# OpenAI's own two (base64: float32 bytes), then the quantized ones, answered as lists of ints.
+ENCODINGS = (*FLOATS, *QUANTIZED)
 
 
 class ApiError(Exception):
@@ -82,11 +84,11 @@ def _known_fields(body: dict, allowed: set[str]) -> None:
         raise ApiError(400, f"unknown fields: {', '.join(unknown)}", unknown[0])
 
 
-def dimensions(value, limits: Limits) -> int | None:
+def dimensions(value, limits: Limits, param: str = "dimensions") -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limits.output_size:
-        raise ApiError(400, f"'dimensions' must be an integer in 1..{limits.output_size}", "dimensions")
+        raise ApiError(400, f"'{param}' must be an integer in 1..{limits.output_size}", param)
     return value
 
 
@@ -217,6 +219,82 @@ def cohere_response(scores: np.ndarray, request: RerankRequest, request_id: str,
     return {"id": request_id, "results": results, "meta": meta}
 
 
+# Cohere's input types, each read as the first of these sentence-transformers prompts the checkpoint has (none:
+# the text as it is); "image" and images are another model's.
+INPUT_TYPES = {
+    "search_query": ("query",),
+    "search_document": ("document", "passage"),
+    "classification": ("classification",),
+    "clustering": ("clustering",),
+}
+TRUNCATIONS = ("NONE", "START", "END")  # refuse a text over the limit, keep its end, keep its start (the default)
+COHERE_EMBED_FIELDS = {
+    "model", "texts", "images", "inputs", "input_type", "embedding_types", "truncate", "output_dimension",
+    "max_tokens", "priority",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CohereEmbedRequest:
+    """Cohere's embed (v1 and v2): the texts, how to read them and which embeddings to answer."""
+
+    texts: list[bytes]
+    input_type: str | None
+    embedding_types: tuple[str, ...]
+    by_type: bool  # v2 always; v1 when embedding_types is given (else v1's embeddings_floats answer)
+    truncate: str
+    dimensions: int | None
+
+
+def cohere_embed_request(body, limits: Limits, version: str) -> CohereEmbedRequest:
+    body = _object(body)
+    _known_fields(body, COHERE_EMBED_FIELDS)
+    for other in ("images", "inputs"):
+        if body.get(other) is not None:
+            raise ApiError(400, f"'{other}' is not supported: this server embeds text only; send 'texts'", other)
+    if body.get("max_tokens") is not None:
+        message = "'max_tokens' is not supported: texts are cut to the model's limit as 'truncate' says"
+        raise ApiError(400, message, "max_tokens")
+    if body.get("texts") is None:
+        raise ApiError(400, "'texts' is required", "texts")
+    input_type = body.get("input_type")
+    if input_type is not None and (not isinstance(input_type, str) or input_type not in INPUT_TYPES):
+        raise ApiError(400, f"'input_type' must be one of {', '.join(INPUT_TYPES)}", "input_type")
+    allowed = (*FLOATS, *QUANTIZED) if version == "2" else ("float", *QUANTIZED)  # v1 documents no base64
+    kinds = body.get("embedding_types")
+    if kinds is not None:
+        if not isinstance(kinds, list) or not kinds:
+            raise ApiError(
+                400, f"'embedding_types' must be a non-empty list of {', '.join(allowed)}", "embedding_types"
+            )
+        for index, kind in enumerate(kinds):
+            if kind not in allowed:
+                where = f"embedding_types[{index}]"
+                raise ApiError(400, f"'{where}' {kind!r} is not one of {', '.join(allowed)}", where)
+    truncate = "END" if body.get("truncate") is None else body["truncate"]
+    if not isinstance(truncate, str) or truncate.upper() not in TRUNCATIONS:
+        raise ApiError(400, f"'truncate' must be one of {', '.join(TRUNCATIONS)}", "truncate")
+    return CohereEmbedRequest(
+        text_list(body["texts"], "texts", limits),
+        input_type,
+        tuple(dict.fromkeys(kinds or ["float"])),
+        version == "2" or kinds is not None,
+        truncate.upper(),
+        dimensions(body.get("output_dimension"), limits, "output_dimension"),
+    )
+
+
+def cohere_embed_response(
+    rows: dict[str, list], tokens: int, request: CohereEmbedRequest, request_id: str, version: str
+) -> dict:
+    """v2's answer, and v1's embeddings_by_type; v1 without embedding_types: embeddings_floats, a list of rows."""
+    meta = {"api_version": {"version": version}, "billed_units": {"input_tokens": tokens}}
+    kind = "embeddings_by_type" if request.by_type else "embeddings_floats"
+    embeddings = rows if request.by_type else rows["float"]
+    texts = [text.decode("utf-8") for text in request.texts]
+    return {"response_type": kind, "id": request_id, "embeddings": embeddings, "texts": texts, "meta": meta}
+
+
 def shaped(embeddings: np.ndarray, dimensions: int | None, normalize: bool) -> np.ndarray:
     """The first `dimensions` columns, renormalized to unit length (Matryoshka truncation); or unchanged."""
     if dimensions is not None and dimensions < embeddings.shape[1]:
@@ -228,11 +306,10 @@ def shaped(embeddings: np.ndarray, dimensions: int | None, normalize: bool) -> n
     return np.ascontiguousarray(embeddings, dtype=np.float32)
 
 
-def openai_response(embeddings: np.ndarray, tokens: np.ndarray, encoding: str, model_name: str) -> dict:
-    if encoding == "base64":  # little-endian float32, as the OpenAI SDKs decode it
-        rows = [base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") for row in embeddings]
-    else:
-        rows = list(embeddings)  # numpy rows: orjson writes them as lists of floats
+def openai_response(
+    embeddings: np.ndarray, tokens: np.ndarray, encoding: str, model_name: str, ranges: np.ndarray | None = None
+) -> dict:
+    rows = encoded_rows(embeddings, encoding, ranges)
     count = int(tokens.sum())
     return {
         "object": "list",

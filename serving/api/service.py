@@ -62,10 +62,13 @@ class Api:
             )  # fmt: skip
         return self._coalescers[key]
 
-    async def infer(self, model: ServedModel, inputs: dict[str, list[bytes]], outputs: list[str]) -> dict:
-        """The model's outputs and each row's token count, Triton's refusals worded for the caller."""
+    async def infer(
+        self, model: ServedModel, inputs: dict[str, list[bytes]], outputs: list[str], parameters: dict | None = None
+    ) -> dict:
+        """The model's outputs and each row's token count, Triton's refusals worded for the caller; `parameters`:
+        KServe request parameters (such a request is a call of its own)."""
         try:
-            result = await self.coalescer(model, (*outputs, TOKENS_OUTPUT)).infer(inputs)
+            result = await self.coalescer(model, (*outputs, TOKENS_OUTPUT)).infer(inputs, parameters)
         except BadInput as exc:
             raise ApiError(400, f"tritonserver refused the texts: {exc}", "input") from None
         except Overloaded as exc:

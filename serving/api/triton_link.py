@@ -3,7 +3,7 @@
 Requests and responses are raw protobufs (protocol/kserve_grpc.py). Several channels per process (grpc.aio,
 round robin) keep one HTTP/2 connection from serializing every stream of a busy worker. A call with more
 texts than the model's max_batch_size, or more bytes than tokenizer.max_request_bytes, goes as several
-concurrent requests whose outputs are put back in order.
+concurrent requests whose outputs are put back in order (a sparse model's padded to the widest part).
 
 Triton's answers become one of four errors the front words for its clients: BadInput (the texts were
 refused: INVALID_ARGUMENT), Overloaded (the model's queue is full: UNAVAILABLE "exceeds maximum queue size")
@@ -27,6 +27,7 @@ from protocol.kserve_grpc import (
     decode_response,
     tensors_infer_request,
 )
+from protocol.sparse import join_outputs
 from serving.api.call_stats import CallStats
 
 
@@ -100,11 +101,12 @@ class TritonLink:
         requests: int,
         request_id: str,
         trace: dict[str, str],
+        parameters: dict | None,
     ) -> dict:
         if self.stats is not None:
             self.stats.count(model, len(next(iter(inputs.values()))), requests)
         try:
-            request = tensors_infer_request(model, inputs, outputs, request_id)
+            request = tensors_infer_request(model, inputs, outputs, request_id, parameters)
             metadata = (*self._key, *trace.items()) or None
             data = await next(self._calls)(request, timeout=self.timeout_s, metadata=metadata)
         except grpc.aio.AioRpcError as exc:
@@ -121,26 +123,26 @@ class TritonLink:
         requests: int = 1,
         request_id: str = "",
         trace: dict[str, str] | None = None,
+        parameters: dict | None = None,
     ) -> dict[str, np.ndarray]:
         """The model's `outputs` for rows of BYTES inputs already UTF-8 (every input one row per text), one
         output row per input row in order; split into requests of at most max_texts rows and max_bytes.
         `requests`: how many API requests the rows are (the Coalescer's), for the call statistics;
         `request_id`: Triton's id of the call(s), for its logs and traces; `trace`: W3C trace context headers
-        (serving/tracing.py) that make Triton's spans part of the caller's trace."""
+        (serving/tracing.py) that make Triton's spans part of the caller's trace; `parameters`: the request's
+        KServe parameters (a sparse model's sparse_top_k, sparse_threshold)."""
         trace = trace or {}
         rows = list(zip(*inputs.values(), strict=True))
         bounds = chunk_bounds([sum(map(len, row)) for row in rows], max_texts, max_bytes)
         if len(bounds) == 1:
-            return await self._call(model, inputs, outputs, requests, request_id, trace)
-        parts = await asyncio.gather(
-            *(
-                self._call(
-                    model, {name: values[bound] for name, values in inputs.items()}, outputs, 1, request_id, trace
-                )
-                for bound in bounds
-            )
-        )
-        return {name: np.concatenate([part[name] for part in parts]) for name in outputs}
+            return await self._call(model, inputs, outputs, requests, request_id, trace, parameters)
+        calls = [
+            self._call(model, {name: values[bound] for name, values in inputs.items()}, outputs, 1, request_id, trace,
+                       parameters)
+            for bound in bounds
+        ]  # fmt: skip
+        parts = await asyncio.gather(*calls)
+        return join_outputs(list(parts))
 
     async def close(self) -> None:
         await asyncio.gather(*(channel.close() for channel in self._channels))

@@ -1,9 +1,9 @@
 """What the API's callers ask of truncation beyond the stages' own (they keep a text's first max_tokens): TEI's
-`truncate: false` (a text over the limit is refused), `truncation_direction: Left` (its last tokens are kept)
-and Cohere's `max_tokens_per_doc`. Each works on the text before it is sent, with the model's own tokenizer
-untruncated, so that what Triton tokenizes is a shorter text whose tokens are the ones asked for: cut where a
-word starts as the tokenizer splits words (WordPiece, byte-level BPE or Unigram alike), the special tokens
-counted by the tokenizer."""
+`truncate: false` (a text over the limit is refused), `truncation_direction: Left` (its last tokens are kept),
+Cohere's `max_tokens_per_doc` and its embed's `truncate` (NONE refuses, START keeps the end). Each works on the
+text before it is sent, with the model's own tokenizer untruncated, so that what Triton tokenizes is a shorter
+text whose tokens are the ones asked for: cut where a word starts as the tokenizer splits words (WordPiece,
+byte-level BPE or Unigram alike), the special tokens counted by the tokenizer."""
 
 from __future__ import annotations
 
@@ -25,17 +25,21 @@ def _word_start(encoding: Encoding, position: int) -> bool:
     return position == 0 or word_ids[position - 1] != word_ids[position]
 
 
-def refuse_over_limit(model: ServedModel, texts: list[str] | list[tuple[str, str]], param: str = "inputs") -> None:
-    """truncate: false: a text (or a reranker's (query, text) pair) the model would truncate is refused, as TEI
-    refuses it (413)."""
+def refuse_over_limit(
+    model: ServedModel,
+    texts: list[str] | list[tuple[str, str]],
+    param: str = "inputs",
+    status: int = 413,
+    setting: str = "truncate is false",
+) -> None:
+    """TEI's truncate: false, Cohere's truncate: NONE: a text (or a reranker's (query, text) pair) the model would
+    truncate is refused, as TEI refuses it (413) or Cohere (400)."""
     limit = model.settings.model.max_tokens
     for index, encoding in enumerate(model.whole.encode_batch(texts)):
         if len(encoding.ids) > limit:
             where = param if len(texts) == 1 else f"{param}[{index}]"
             raise ApiError(
-                413,
-                f"'{where}' has {len(encoding.ids)} tokens; the model takes at most {limit} (truncate is false)",
-                where,
+                status, f"'{where}' has {len(encoding.ids)} tokens; the model takes at most {limit} ({setting})", where
             )
 
 

@@ -1,5 +1,6 @@
 """What the API front does to texts before the stages see them (serving/api/routes_tei.prepared and
-serving/api/truncation.py): TEI's prompt_name, truncation_direction Left and truncate false, against the
+serving/api/truncation.py): TEI's prompt_name, truncation_direction Left and truncate false, Cohere's input_type
+and truncate, against the
 Hugging Face tokenizer's own left truncation on the default model's tokenizer, and on byte-level BPE and
 Unigram tokenizers (trained in tests/model/test_tokenizer_layouts.py) in its place."""
 
@@ -11,8 +12,9 @@ import pytest
 from tokenizers import Tokenizer, processors
 
 from serving.api.models import served_model
+from serving.api.routes_cohere import read_as_asked
 from serving.api.routes_tei import prepared
-from serving.api.schema import ApiError
+from serving.api.schema import ApiError, cohere_embed_request
 from serving.api.truncation import keep_first
 from settings import Deployment
 from tests.model.test_tokenizer_layouts import hf_tokenizer
@@ -119,3 +121,19 @@ def test_max_tokens_per_doc_cuts_bpe_and_unigram_documents_at_a_word_start(other
         kept = other_model.whole.encode(cut, add_special_tokens=False).ids
         first = other_model.whole.encode(text, add_special_tokens=False).ids[:tokens]
         assert kept == first[: len(kept)] and tokens - 8 <= len(kept) <= tokens
+
+
+def test_cohere_input_types_read_the_checkpoints_prompts_and_truncate_as_asked(model):
+    def asked(texts: list[str], **fields) -> list[bytes]:
+        return read_as_asked(model, cohere_embed_request({"texts": texts, **fields}, model.limits, "2"))
+
+    assert asked(["what is triton"], input_type="search_query") == [b"query: what is triton"]
+    assert asked(["Triton batches."], input_type="search_document") == [b"passage: Triton batches."]
+    assert asked(["as is"], input_type="clustering") == [b"as is"], "a prompt the checkpoint lacks: none"
+    long = " ".join(["hello"] * 300) + " and this ending"
+    assert asked([long], truncate="END") == [long.encode()], "the stages keep its first tokens"
+    (cut,) = asked([long], truncate="START")
+    assert ids(model, cut.decode()) == left_truncated(model, long)
+    with pytest.raises(ApiError, match=r"'texts\[1\]' has 305 tokens; .* at most 256 \(truncate is NONE\)") as refused:
+        asked(["short", long], truncate="NONE")
+    assert refused.value.status == 400 and refused.value.param == "texts[1]"

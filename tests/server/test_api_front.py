@@ -138,7 +138,7 @@ LONG = "x" * ((1 << 20) + 1)  # one byte over tokenizer.max_text_bytes
         ({"model": "all-MiniLM-L6-v2", "input": [[101, 102]]}, 400, "input[0]", "token ids are not accepted"),
         ({"model": "all-MiniLM-L6-v2", "input": []}, 400, "input", "non-empty list"),
         ({"model": "all-MiniLM-L6-v2"}, 400, "input", "'input' is required"),
-        ({"model": "all-MiniLM-L6-v2", "input": "a", "encoding_format": "int8"}, 400, "encoding_format", "one of"),
+        ({"model": "all-MiniLM-L6-v2", "input": "a", "encoding_format": "int4"}, 400, "encoding_format", "one of"),
         ({"model": "all-MiniLM-L6-v2", "input": "a", "dimensions": 0}, 400, "dimensions", "1..384"),
         ({"model": "all-MiniLM-L6-v2", "input": "a", "dimensions": 385}, 400, "dimensions", "1..384"),
         ({"model": "all-MiniLM-L6-v2", "input": "a", "colour": 1}, 400, "colour", "unknown fields"),

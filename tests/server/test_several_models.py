@@ -109,6 +109,18 @@ def test_the_openai_sdk_names_the_embedder_and_is_told_what_else_is_served(launc
         sdk.embeddings.create(model="other", input=["Triton batches requests."])
 
 
+def test_quantized_embeddings_come_from_the_embedder_only(launcher):
+    co = cohere.ClientV2(base_url=api_url(launcher), api_key="unused")
+    answer = co.embed(texts=["Triton batches."], model=EMBEDDER, input_type="search_query", embedding_types=["int8"])
+    assert len(answer.embeddings.int8[0]) == 384 and answer.embeddings.float_ is None
+    with pytest.raises(cohere.BadRequestError, match="reranker is a reranker, not an embedding model"):
+        co.embed(texts=["Triton batches."], model=RERANKER, input_type="search_query", embedding_types=["int8"])
+    status, refused = api_post(
+        launcher, "/v1/embeddings", {"model": RERANKER, "input": "a", "encoding_format": "binary"}
+    )
+    assert status == 400 and refused["error"]["param"] == "model"
+
+
 def test_models_and_info_list_every_model(launcher):
     assert [model["id"] for model in api_get(launcher, "/v1/models")["data"]] == [EMBEDDER, RERANKER]
     info = api_get(launcher, "/info")

@@ -25,7 +25,9 @@ class RecordingLink:
         self.release.set()
         self.fail: Exception | None = None
 
-    async def infer(self, model, inputs, outputs, max_texts, max_bytes, requests=1, request_id="", trace=None):
+    async def infer(
+        self, model, inputs, outputs, max_texts, max_bytes, requests=1, request_id="", trace=None, parameters=None
+    ):
         texts = inputs["TEXT"]
         self.calls.append((list(texts), requests))
         self.ids.append(request_id)

@@ -16,7 +16,8 @@ class Engine(ABC):
     `forward_packed` takes every sequence's token ids one after another (int32 [total tokens]) with each
     sequence's length (int64 [sequences]), no padding, and for a model of (query, text) pairs each token's
     type beside its id (int32 [total tokens]: 0 query, 1 text); it returns one float32 row per sequence: the
-    pooled (and, per the spec, normalized) embedding, or the logits. How the batch is laid out for the model
+    pooled (and, per the spec, normalized) embedding, or the logits; for a sparse model a list of one
+    sparse.SparseRow per sequence (its non-zero vocabulary entries). How the batch is laid out for the model
     (padded chunks, packed tokens) is the engine's own business.
     """
 
@@ -29,9 +30,9 @@ class Engine(ABC):
         self.computed_tokens = 0
 
     @abstractmethod
-    def forward_packed(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None) -> np.ndarray: ...
+    def forward_packed(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None): ...
 
-    def forward(self, sequences: list[np.ndarray], types: list[np.ndarray] | None = None) -> np.ndarray:
+    def forward(self, sequences: list[np.ndarray], types: list[np.ndarray] | None = None):
         """forward_packed for a list of sequences, one int array each, and their token types (tests, benchmarks)."""
         ids, lengths = pack_sequences(sequences)
         return self.forward_packed(ids, lengths, None if types is None else pack_sequences(types)[0])

@@ -3,6 +3,10 @@
 ONNX Runtime needs rectangular [batch, sequence] inputs, so sequences are sorted by length and split into
 chunks, each padded to its own longest sequence (padding.plan_chunks), so a ragged batch spends little work
 on padding.
+
+A sparse model's graph stops at each token's MLM-transformed state (the export's SparseStates): the vocabulary
+projection and SpladePooling run here in numpy, a chunk of the vocabulary at a time (sparse.NumpySparseHead), so
+no [tokens x vocabulary] tensor is ever whole, in ONNX Runtime's arena or here.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from common.contract import TOKEN_TYPES
 from common.padding import pad_packed, plan_chunks
 
 from .base import Engine
+from .sparse import NumpySparseHead
 
 
 class OnnxRuntimeCpuEngine(Engine):
@@ -28,9 +33,10 @@ class OnnxRuntimeCpuEngine(Engine):
         self.session = ort.InferenceSession(
             str(self.model_dir / "model.onnx"), session_options, providers=["CPUExecutionProvider"]
         )
+        self.head = NumpySparseHead(self.model_dir, spec.activation) if spec.task == "sparse" else None
 
-    def forward_packed(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None) -> np.ndarray:
-        out = np.empty((len(lengths), self.spec.output_size), dtype=np.float32)
+    def forward_packed(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None):
+        out = [None] * len(lengths) if self.head else np.empty((len(lengths), self.spec.output_size), np.float32)
         starts = np.cumsum(lengths) - lengths
         order = np.argsort(lengths, kind="stable")
         self.computed_tokens = 0
@@ -42,5 +48,9 @@ class OnnxRuntimeCpuEngine(Engine):
                 feeds[TOKEN_TYPES] = pad_packed(types, lengths[chunk], 0, starts=starts[chunk])[0]
             self.computed_tokens += padded.size
             (result,) = self.session.run(None, feeds)
-            out[chunk] = result
+            if self.head is None:
+                out[chunk] = result
+                continue
+            for row, sparse in zip(chunk, self.head(result[mask.astype(bool)], lengths[chunk]), strict=True):
+                out[row] = sparse
         return out

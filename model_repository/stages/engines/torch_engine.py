@@ -5,11 +5,12 @@ config.json's model_type names; this engine gives it its blocks (torch_ops.py) a
 
 All sequences of a batch are concatenated into one token stream described by `cu_seqlens` (the
 FlashAttention varlen layout); every GEMM runs on that stream, attention runs per sequence on the packed
-layout, and pooling respects each sequence's own length. On CUDA each (token bucket, sequence bucket)
-shape is captured once as a CUDA graph that reads its ids from a static device buffer; batches are padded
-to the bucket with tail tokens that belong to no sequence (their rows never meet a real row: GEMMs and
-LayerNorm are row-wise and attention/pooling only read rows inside `cu_seqlens`), and their outputs are
-dropped. Batches outside the buckets run the same code eagerly.
+layout, and pooling respects each sequence's own length. A sparse model's rows (task sparse: torch_sparse.py)
+are pooled over the vocabulary on the device, and only their non-zero entries are copied out. On CUDA each
+(token bucket, sequence bucket) shape is captured once as a CUDA graph that reads its ids from a static device
+buffer; batches are padded to the bucket with tail tokens that belong to no sequence (their rows never meet a
+real row: GEMMs and LayerNorm are row-wise and attention/pooling only read rows inside `cu_seqlens`), and their
+outputs are dropped. Batches outside the buckets run the same code eagerly.
 
 This module must import inside Triton's Python-backend stub, where `transformers` does not import:
 it uses torch, numpy, safetensors and (optional, guarded) OpenAI Triton only.
@@ -72,6 +73,7 @@ from .torch_layout import (
     views,
 )
 from .torch_ops import PackedBatch, TorchOps
+from .torch_sparse import nonzero_rows
 from .torch_weights import Weights, load_state_dict
 
 log = logging.getLogger(__name__)
@@ -88,7 +90,7 @@ TRITON_HEAD_DIMS = (16, 32, 64, 128)  # what the Triton attention kernel's tl.do
 
 
 class TorchEngine(KernelCheck, Engine):
-    """An architecture of models/ on one packed token stream per batch: pooled embeddings or logits."""
+    """An architecture of models/ on one packed token stream per batch: pooled embeddings, logits or sparse rows."""
 
     def __init__(self, model_dir: Path, spec: ServingSpec, device: str, options: dict) -> None:
         super().__init__(model_dir, spec, device, options)
@@ -119,6 +121,7 @@ class TorchEngine(KernelCheck, Engine):
         self.model = family(config, weights, self.ops, spec)
         self.max_positions = self.model.max_positions
         self.output_size = self.model.output_size
+        self.sparse = spec.task == "sparse"
         if spec.output_size and spec.output_size != self.output_size:
             raise ValueError(f"serving.json: output_size {spec.output_size}; the model gives {self.output_size}")
         self._fit_attention()
@@ -141,7 +144,9 @@ class TorchEngine(KernelCheck, Engine):
             cap = layout_size(self.max_graph_tokens, self.max_batch, self.tile_block)
             self._dev_in = torch.zeros(cap, dtype=torch.int32, device=self.torch_device)
             self._host_in = torch.empty(cap, dtype=torch.int32, pin_memory=True)
-            self._host_out = torch.empty((self.max_batch, self.output_size), dtype=torch.float32, pin_memory=True)
+            # A sparse model's [sequences, vocabulary] stays on the device: only its entries are copied (_rows).
+            width = 0 if self.sparse else self.output_size
+            self._host_out = torch.empty((self.max_batch, width), dtype=torch.float32, pin_memory=True)
             if self.ops.kernels == "triton" or self.ops.attention == "triton":
                 self._self_check()
         log.info(
@@ -197,12 +202,12 @@ class TorchEngine(KernelCheck, Engine):
         pos = torch.where(seg < n_seqs, ar - cu.index_select(0, seg), 0)
         return self.model.forward(PackedBatch(ids, cu, tiles, n_seqs, max_len, seg, pos))
 
-    def forward_packed(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None) -> np.ndarray:
+    def forward_packed(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None):
         if self.model.pair_types:
             ids = ids | (types.astype(np.int32) << TYPE_SHIFT)
         n = len(lengths)
         if n == 0:
-            return np.zeros((0, self.output_size), dtype=np.float32)
+            return [] if self.sparse else np.zeros((0, self.output_size), dtype=np.float32)
         max_len = int(lengths.max())
         if max_len > self.max_positions:
             raise ValueError(f"a sequence has {max_len} tokens; the model takes at most {self.max_positions}")
@@ -212,16 +217,20 @@ class TorchEngine(KernelCheck, Engine):
             return self._forward_cpu(ids, lengths, tokens)
         return self._forward_cuda(ids, lengths, tokens, max_len)
 
+    def _rows(self, out: torch.Tensor):
+        """The batch's rows off the device: fp32 [n, output_size], or a sparse model's SparseRows."""
+        return nonzero_rows(out) if self.sparse else out.numpy().astype(np.float32, copy=True)
+
     @torch.inference_mode()
-    def _forward_cpu(self, ids, lens, tokens) -> np.ndarray:
+    def _forward_cpu(self, ids, lens, tokens):
         if tokens <= self.cpu_tokens_per_call:
-            return self._encode_eager(ids, lens, int(lens.max())).numpy().astype(np.float32, copy=True)
-        out = np.empty((len(lens), self.output_size), dtype=np.float32)
+            return self._rows(self._encode_eager(ids, lens, int(lens.max())))
+        out = torch.empty((len(lens), self.output_size), dtype=torch.float32)
         starts = np.cumsum(lens) - lens
         for rows in token_parts(lens, self.cpu_tokens_per_call):
             part = np.concatenate([ids[starts[row] : starts[row] + lens[row]] for row in rows])
-            out[rows] = self._encode_eager(part, lens[rows], int(lens[rows].max())).numpy()
-        return out
+            out[torch.from_numpy(rows)] = self._encode_eager(part, lens[rows], int(lens[rows].max()))
+        return self._rows(out)
 
     def _encode_eager(self, ids: np.ndarray, lens: np.ndarray, max_len: int) -> torch.Tensor:
         """One packed batch on its exact shape, without a graph (the CPU path; the kernels' self-check)."""
@@ -234,7 +243,7 @@ class TorchEngine(KernelCheck, Engine):
         return self._encode(ids, cu, tiles, n, max_len)
 
     @torch.inference_mode()
-    def _forward_cuda(self, ids, lens, tokens, max_len) -> np.ndarray:
+    def _forward_cuda(self, ids, lens, tokens, max_len):
         n = len(lens)
         graph = self.use_graphs and n <= self.max_batch and tokens <= self.max_graph_tokens
         if graph:
@@ -249,7 +258,7 @@ class TorchEngine(KernelCheck, Engine):
         if size > self._host_in.numel():
             self._host_in = torch.empty(size, dtype=torch.int32, pin_memory=True)
         if n > self._host_out.shape[0]:
-            self._host_out = torch.empty((n, self.output_size), dtype=torch.float32, pin_memory=True)
+            self._host_out = torch.empty((n, self._host_out.shape[1]), dtype=torch.float32, pin_memory=True)
         pack(self._host_in.numpy()[:size], ids, lens, t_b, n_b, self.tile_block)
         with torch.cuda.stream(self.stream):
             if graph:
@@ -266,6 +275,8 @@ class TorchEngine(KernelCheck, Engine):
                     ids, cu, tiles, n_b, max(max_len, length_class(max_len, bool(self.tile_block), self.max_positions))
                 )
                 self.eager_runs += 1
+            if self.sparse:
+                return nonzero_rows(out[:n])
             self._host_out[:n].copy_(out[:n], non_blocking=True)
             self._wait()
         return self._host_out[:n].numpy().copy()

@@ -14,6 +14,7 @@ from common.contract import ServingSpec
 
 from ..torch_layout import TYPE_SHIFT
 from ..torch_ops import PackedBatch, TorchOps
+from ..torch_sparse import SparseHead
 from ..torch_weights import Weights
 from .encoder import ClassificationHead, Encoder, PostNormLayer, activation
 
@@ -68,6 +69,13 @@ class BertEncoder(Encoder):
 
     def load_head(self, w: Weights) -> None:
         if self.spec.task == "embedding":
+            return
+        if self.spec.task == "sparse":  # BertForMaskedLM's head
+            p = "cls.predictions."
+            self.set_head(SparseHead.load(
+                w, p + "transform.dense", p + "transform.LayerNorm", p + "decoder.weight", p + "bias",
+                "embeddings.word_embeddings.weight", self.act, self.eps, self.spec.activation == "log1p_relu",
+            ))  # fmt: skip
             return
         pooler = (w.fp32("pooler.dense.weight"), w.fp32("pooler.dense.bias")) if w.has("pooler.dense.weight") else None
         self.set_head(ClassificationHead((w.fp32("classifier.weight"), w.fp32("classifier.bias")), pooler, "tanh"))

@@ -8,6 +8,7 @@ from typing import ClassVar
 from common.contract import ServingSpec
 
 from ..torch_ops import TorchOps
+from ..torch_sparse import SparseHead
 from ..torch_weights import Weights
 from .bert import BertEncoder
 from .encoder import ClassificationHead, PostNormLayer
@@ -52,6 +53,12 @@ class DistilBertEncoder(BertEncoder):
 
     def load_head(self, w: Weights) -> None:
         if self.spec.task == "embedding":
+            return
+        if self.spec.task == "sparse":  # DistilBertForMaskedLM's head (OpenSearch's neural-sparse doc models)
+            self.set_head(SparseHead.load(
+                w, "vocab_transform", "vocab_layer_norm", "vocab_projector.weight", "vocab_projector.bias",
+                "embeddings.word_embeddings.weight", self.act, EPS, self.spec.activation == "log1p_relu",
+            ))  # fmt: skip
             return
         dense = (w.fp32("pre_classifier.weight"), w.fp32("pre_classifier.bias"))
         self.set_head(ClassificationHead((w.fp32("classifier.weight"), w.fp32("classifier.bias")), dense, "relu"))

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from common.contract import ServingSpec
 
 from ..torch_ops import Norm, PackedBatch, TorchOps
+from ..torch_sparse import SparseHead
 from ..torch_weights import Weights
 
 # config.json hidden_act -> what TorchOps.ffn_up applies.
@@ -43,6 +44,10 @@ class ClassificationHead:
     activation: str = "tanh"
     norm: Norm | None = None
     pooling: str = "cls"  # cls | mean
+
+    @property
+    def output_size(self) -> int:
+        return int(self.classifier[0].shape[0])
 
     def __call__(self, x: torch.Tensor, batch: PackedBatch, ops: TorchOps) -> torch.Tensor:
         if self.pooling == "mean":
@@ -86,7 +91,7 @@ class Encoder:
         self.config, self.ops, self.spec = config, ops, spec
         self.max_positions = self.positions(config)
         self.pair_types = spec.pairs and self.reads_token_types(config)
-        self.head: ClassificationHead | None = None  # set by the family for classification and rerank
+        self.head: ClassificationHead | SparseHead | None = None  # set by the family for the tasks with a head
 
     def set_sizes(self, hidden: int, heads: int) -> None:
         if hidden % heads:
@@ -96,10 +101,11 @@ class Encoder:
 
     @property
     def output_size(self) -> int:
-        return self.hidden if self.head is None else int(self.head.classifier[0].shape[0])
+        return self.hidden if self.head is None else self.head.output_size
 
-    def set_head(self, head: ClassificationHead) -> None:
-        """The head for classification and rerank (a reranker's score is its first logit); none for embeddings."""
+    def set_head(self, head: ClassificationHead | SparseHead) -> None:
+        """The head for classification and rerank (a reranker's score is its first logit) and sparse (the MLM head
+        and SpladePooling: torch_sparse.py); none for embeddings."""
         if self.spec.task == "embedding":
             return
         if self.spec.task == "rerank":

@@ -1,0 +1,228 @@
+"""Task sparse (SPLADE): the sparse engines against sentence-transformers' SparseEncoder.encode on the same texts,
+in one process.
+
+    python -m bench.sparse_bench --device cpu|cuda --out DIR [--shape bert-base|distilbert-base] [--batch 32]
+                                 [--texts 1024] [--passes 3] [--threads N]
+
+Model: random weights of the preset's real shape and vocabulary (30,522), exported by the project's export as
+settings/variants/splade.toml's random-init source is (its decoder bias lowered so that texts stay sparse). Texts:
+loadtest/corpus.txt, tokenized once by the export's tokenizer for the engines, which take token ids as the stage
+feeds them (tokenizer_texts_per_s: what that costs); SparseEncoder tokenizes inside encode().
+Runners, each called once per batch of --batch texts: SparseEncoder (fp32 on the CPU, fp16 on CUDA), the torch
+engine (the same precisions) and onnxruntime_cpu (CPU only), the engines loaded as the stage loads them.
+Per runner and batch size: texts/s of the best of --passes timed passes after an untimed one; the peak memory during
+the timed passes over what the runner held once loaded (`memory` says how it was measured); against SparseEncoder
+on the first batch, the largest weight difference and how many texts keep the same entries above 1e-5.
+full_logits_bytes: the largest batch's whole [tokens x vocabulary] logits in fp32, which the engines never hold.
+Writes DIR/sparse_bench.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import os
+import tempfile
+import time
+import tracemalloc
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bench.record import header, write
+from common.contract import ServingSpec
+from common.hf_tokenizer import load_tokenizer
+from export.__main__ import export
+from export.sparse_export import SPARSE_FAMILIES
+from loadtest.corpus import load_text
+from model_repository.stages.engines import load_engine
+from model_repository.stages.engines.models import presets
+from settings import ROOT, load_settings
+
+SETTINGS = ROOT / "settings" / "variants" / "splade.toml"
+THRESHOLD = 1e-5  # a weight this small is a logit within rounding of 0: either side of the relu is right
+CLEAR_REFS = Path("/proc/self/clear_refs")
+MEMORY = {
+    "VmHWM": "resident set: VmHWM (reset by clear_refs 5) over VmRSS",
+    "tracemalloc": "tracemalloc (/proc/self/clear_refs not writable): Python and numpy allocations only",
+    "cuda": "torch.cuda.max_memory_allocated over memory_allocated",
+}
+
+
+def status(field: str) -> int:
+    line = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith(field + ":"))
+    return int(line.split()[1]) * 1024
+
+
+class PeakGrowth:
+    """Peak memory in a window over a base: the base taken once a runner is loaded, so that working memory an
+    allocator keeps from the untimed pass counts (glibc keeps freed chunks under 32 MB, ORT its arena)."""
+
+    def __init__(self, device: str) -> None:
+        self.method = "cuda" if device == "cuda" else "VmHWM"
+        if device == "cpu":
+            try:
+                CLEAR_REFS.write_text("5")
+            except OSError:
+                self.method = "tracemalloc"
+
+    def loaded(self) -> None:
+        if self.method == "tracemalloc":
+            tracemalloc.stop()  # drops the last runner's traces
+            tracemalloc.start()
+        self.base = 0  # tracemalloc: counted from start()
+        if self.method == "VmHWM":  # the last runner's freed heap would stay resident and hide this one's use of it
+            ctypes.CDLL(None).malloc_trim(0)
+            self.base = status("VmRSS")
+        elif self.method == "cuda":
+            self.base = torch.cuda.memory_allocated()
+
+    def reset(self) -> None:
+        if self.method == "VmHWM":
+            CLEAR_REFS.write_text("5")
+        elif self.method == "tracemalloc":
+            tracemalloc.reset_peak()
+        else:
+            torch.cuda.reset_peak_memory_stats()
+
+    def growth(self) -> int:
+        if self.method == "VmHWM":
+            return status("VmHWM") - self.base
+        if self.method == "cuda":
+            return torch.cuda.max_memory_allocated() - self.base
+        return tracemalloc.get_traced_memory()[1]
+
+
+def split(items: list, size: int) -> list[list]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def measure(call, batches: list, passes: int, memory: PeakGrowth) -> tuple[object, dict]:
+    """(the first batch's output, texts/s and memory): an untimed pass first, so that every batch shape has been
+    seen (CUDA graphs captured, arenas grown) before the timed ones."""
+    first = call(batches[0])
+    for batch in batches[1:]:
+        call(batch)
+    sync = torch.cuda.synchronize if memory.method == "cuda" else lambda: None
+    sync()
+    memory.reset()
+    seconds = []
+    for _ in range(passes):
+        started = time.perf_counter()
+        for batch in batches:
+            call(batch)
+        sync()
+        seconds.append(time.perf_counter() - started)
+    rate = sum(map(len, batches)) / min(seconds)
+    return first, {"texts_per_s": rate, "pass_s": seconds, "peak_growth_bytes": memory.growth()}
+
+
+def agreement(rows: list, reference: np.ndarray) -> dict:
+    served = np.zeros_like(reference)
+    for dense, row in zip(served, rows, strict=True):
+        dense[row.indices] = row.values
+    same = ((served > THRESHOLD) == (reference > THRESHOLD)).all(axis=1)
+    return {"max_abs_diff": float(np.abs(served - reference).max()), "same_entries": f"{int(same.sum())}/{len(same)}"}
+
+
+def sparse_encoder(folder: Path, activation: str, max_tokens: int, device: str):
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import SpladePooling, Transformer
+
+    mlm = Transformer(str(folder), transformer_task="fill-mask", max_seq_length=max_tokens)
+    model = SparseEncoder(modules=[mlm, SpladePooling("max", activation)], device=device)
+    return model.half() if device == "cuda" else model
+
+
+def main(argv: list[str] | None = None) -> int:
+    import sentence_transformers
+
+    shapes = [name for name, fields in presets().items() if fields["model_type"] in SPARSE_FAMILIES]
+    parser = argparse.ArgumentParser(prog="python -m bench.sparse_bench", description=__doc__)
+    parser.add_argument("--device", choices=("cpu", "cuda"), required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--shape", choices=shapes, default="bert-base")
+    parser.add_argument("--batch", help="batch sizes, comma-separated (default 32 on the CPU, 64,1 on CUDA)")
+    parser.add_argument("--texts", type=int, default=1024, help="corpus texts per pass")
+    parser.add_argument("--passes", type=int, default=3, help="timed passes; the best counts")
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads of every runner")
+    args = parser.parse_args(argv)
+    sizes = [int(size) for size in (args.batch or ("32" if args.device == "cpu" else "64,1")).split(",")]
+    settings = load_settings(SETTINGS)
+    max_tokens, precision = settings.model.max_tokens, "fp32" if args.device == "cpu" else "fp16"
+    torch.set_num_threads(args.threads)  # SparseEncoder's; the engines set theirs from the options
+    texts = [text for text in load_text() if text.strip()][: args.texts]
+    memory = PeakGrowth(args.device)
+    record = header("sparse_bench", argv) | {
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
+        "torch": torch.__version__,
+        "sentence_transformers": sentence_transformers.__version__,
+        **{"shape": args.shape, "precision": precision, "threads": args.threads, "passes": args.passes},
+        "memory": MEMORY[memory.method],
+    }
+    with tempfile.TemporaryDirectory(prefix="sparse_bench_") as work:
+        folder = Path(work) / "export"
+        report = export(f"random-init:{args.shape}", "sparse", max_tokens, folder, settings.engine.onnx_opset,
+                        settings.engine.onnx_tolerance, onnx=args.device == "cpu")  # fmt: skip
+        spec = ServingSpec.load(folder)
+        tokenizer = load_tokenizer(folder / "tokenizer.json", max_tokens)
+        started = time.perf_counter()
+        sequences = [np.array(encoding.ids, np.int32) for encoding in tokenizer.encode_batch(texts)]
+        most = {size: max(sum(map(len, batch)) for batch in split(sequences, size)) for size in sizes}  # tokens
+        record |= {
+            "export_s": report["seconds"],
+            "vocabulary": spec.output_size,
+            "texts": len(texts),
+            "mean_tokens": sum(map(len, sequences)) / len(sequences),
+            "tokenizer_texts_per_s": len(texts) / (time.perf_counter() - started),
+            "batches": {str(size): {"full_logits_bytes": 4 * spec.output_size * most[size]} for size in sizes},
+        }
+        runners = ["sentence_transformers", "torch", *(["onnxruntime_cpu"] if args.device == "cpu" else [])]
+        reference = {}
+        for name in runners:
+            if name == "sentence_transformers":
+                model = sparse_encoder(folder, spec.activation, max_tokens, args.device)
+            else:  # the options the stage passes (model_repository/configs.py)
+                options = {"precision": precision, "threads": args.threads, **settings.engine.options}
+                model = load_engine(name, folder, args.device, options)
+            memory.loaded()
+            for size in sizes:
+                if name == "sentence_transformers":
+                    call, feed = partial(model.encode, batch_size=size, show_progress_bar=False), texts
+                else:
+                    call, feed = model.forward, sequences
+                first, row = measure(call, split(feed, size), args.passes, memory)
+                if name == "sentence_transformers":
+                    reference[size] = first.to_dense().float().cpu().numpy()
+                    row["nonzero_per_text"] = float((reference[size] > 0).sum(1).mean())
+                else:
+                    row["agreement"] = agreement(first, reference[size])
+                record["batches"][str(size)][name] = row
+            del model, call
+            gc.collect()
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
+    args.out.mkdir(parents=True, exist_ok=True)
+    write(args.out, record)
+    print_table(record)
+    return 0
+
+
+def print_table(record: dict) -> None:
+    print(f"{'batch':>5} {'runner':<22} {'texts/s':>9} {'vs ST':>6} {'peak MiB':>9} {'max diff':>9} {'same':>9}")
+    for size, runs in record["batches"].items():
+        base = runs["sentence_transformers"]["texts_per_s"]
+        for name, row in runs.items():
+            if name == "full_logits_bytes":
+                continue
+            rate, check = row["texts_per_s"], row.get("agreement", {"max_abs_diff": float("nan"), "same_entries": "-"})
+            cells = f"{rate:>9.1f} {rate / base:>5.2f}x {row['peak_growth_bytes'] / 2**20:>9.1f}"
+            print(f"{size:>5} {name:<22} {cells} {check['max_abs_diff']:>9.2e} {check['same_entries']:>9}")
+        print(f"{size:>5} (whole fp32 logits of the largest batch: {runs['full_logits_bytes'] / 2**20:.0f} MiB)")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,80 @@
+"""serving/api/quantization.py against sentence-transformers' quantize_embeddings: the same bytes and dtypes for
+every precision, on values at and beyond the buckets' edges, for widths that are not a multiple of 8 and for
+Matryoshka-truncated rows (the ranges sliced to the kept dimensions)."""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+import pytest
+from sentence_transformers.util.quantization import quantize_embeddings
+
+from serving.api.quantization import QUANTIZED, encoded_rows, quantize
+
+
+def unit_rows(rows: int, width: int, seed: int) -> np.ndarray:
+    embeddings = np.random.default_rng(seed).normal(size=(rows, width)).astype(np.float32)
+    return embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def ranges() -> np.ndarray:
+    calibration = unit_rows(500, 37, seed=1)
+    found = np.vstack((calibration.min(axis=0), calibration.max(axis=0)))
+    found[:, 5] = 0.25  # a constant dimension: a step of 0, which both read as 1
+    return found
+
+
+@pytest.fixture(scope="module")
+def embeddings(ranges) -> np.ndarray:
+    rows = unit_rows(64, 37, seed=2)
+    steps = (ranges[1] - ranges[0]) / np.float32(255)
+    rows[0] = ranges[0] + 17 * steps  # exactly on bucket edges
+    rows[1] = ranges[1] + 0.5  # above every range: clipped to 255
+    rows[2] = ranges[0] - 0.5  # below: clipped to 0
+    rows[3, :8] = 0.0  # zero is not positive: bit 0
+    return rows.astype(np.float32)
+
+
+@pytest.mark.parametrize("precision", QUANTIZED)
+def test_every_precision_gives_sentence_transformers_bytes(embeddings, ranges, precision):
+    ours = quantize(embeddings, precision, ranges)
+    theirs = quantize_embeddings(embeddings, precision=precision, ranges=ranges)
+    assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
+    assert ours.tobytes() == theirs.tobytes()
+
+
+@pytest.mark.parametrize("precision", ["int8", "uint8"])
+def test_truncated_rows_use_the_kept_dimensions_ranges(embeddings, ranges, precision):
+    kept = embeddings[:, :16] / np.linalg.norm(embeddings[:, :16], axis=1, keepdims=True)
+    ours = quantize(kept, precision, ranges)
+    assert ours.tobytes() == quantize_embeddings(kept, precision=precision, ranges=ranges[:, :16]).tobytes()
+
+
+def test_float64_ranges_are_read_as_float32(embeddings, ranges):
+    assert (
+        quantize(embeddings, "int8", ranges.astype(np.float64)).tobytes()
+        == quantize(embeddings, "int8", ranges).tobytes()
+    )
+
+
+def test_binary_packs_eight_dimensions_a_byte():
+    rows = unit_rows(3, 384, seed=3)
+    for kind in ("binary", "ubinary"):
+        packed = encoded_rows(rows, kind)
+        assert [len(row) for row in packed] == [48, 48, 48]
+        assert np.array(packed).tobytes() == quantize_embeddings(rows, precision=kind).tobytes()
+    signed = np.array(encoded_rows(rows, "binary"), dtype=np.int16)
+    assert signed.min() >= -128 and signed.max() <= 127
+
+
+def test_float_and_base64_rows_keep_the_float32_values():
+    rows = unit_rows(2, 8, seed=4)
+    decoded = [np.frombuffer(base64.b64decode(row), dtype="<f4") for row in encoded_rows(rows, "base64")]
+    assert np.array_equal(np.stack(decoded), rows) and np.array_equal(np.stack(encoded_rows(rows, "float")), rows)
+
+
+def test_an_unknown_precision_is_refused():
+    with pytest.raises(ValueError, match="int4"):
+        quantize(unit_rows(1, 8, seed=5), "int4")
