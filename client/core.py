@@ -1,5 +1,5 @@
-"""TextClient / AsyncTextClient: texts in, the ensemble's outputs (embeddings, labels and scores, rerank scores, or
-a sparse model's non-zero entries) out.
+"""TextClient / AsyncTextClient: texts in, the ensemble's outputs (embeddings, labels and scores, rerank scores, a
+sparse model's non-zero entries, or a multi-vector model's token vectors) out.
 
 Both retry a call that failed because the server was unavailable (gRPC UNAVAILABLE, HTTP 503, a Python stage
 whose stub died and is being restarted, a server that is stopping) with exponential backoff and full jitter,
@@ -25,10 +25,19 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as httpclient_aio
 from tritonclient.utils import InferenceServerException
 
-from common.contract import QUERY_INPUT, SCORE_OUTPUT, SPARSE_THRESHOLD, SPARSE_TOP_K, TEXT_INPUT
+from common.contract import (
+    INPUT_TYPE,
+    INPUT_TYPES,
+    QUERY_INPUT,
+    SCORE_OUTPUT,
+    SPARSE_THRESHOLD,
+    SPARSE_TOP_K,
+    TEXT_INPUT,
+)
 from protocol.api_key import api_key as api_key_of_environment
 from protocol.api_key import headers
 from protocol.kserve_grpc import GRPC_CHANNEL_ARGS, TRANSIENT_MESSAGES, encode_texts
+from protocol.multi_vector import token_vectors
 from protocol.sparse import entries, join_outputs
 
 PROTOCOLS = ("grpc", "http")
@@ -135,6 +144,13 @@ def sparse_parameters(top_k: int | None, threshold: float | None) -> dict | None
     return {name: value for name, value in given.items() if value is not None} or None
 
 
+def side_parameters(input_type: str) -> dict[str, str]:
+    """A multi-vector request's KServe parameters: the side its texts are encoded as; ValueError naming it."""
+    if input_type not in INPUT_TYPES:
+        raise ValueError(f"input_type must be one of {', '.join(INPUT_TYPES)}, not {input_type!r}")
+    return {INPUT_TYPE: input_type}
+
+
 def output_names(metadata) -> list[str]:
     outputs = metadata["outputs"] if isinstance(metadata, dict) else metadata.outputs
     return [item["name"] if isinstance(item, dict) else item.name for item in outputs]
@@ -193,7 +209,7 @@ class _Base:
 class TextClient(_Base):
     """Blocking client. `infer(texts)` returns every output of the model by name; `embed` the embeddings;
     `rerank(query, texts)` a reranker's logit for each (query, text) pair; `embed_sparse` a sparse model's
-    (indices, values) per text."""
+    (indices, values) per text; `embed_multi_vector` a multi-vector model's token vectors per text."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -260,6 +276,11 @@ class TextClient(_Base):
         """A sparse model's (indices, values) per text: its top_k largest entries above threshold (None: as the
         server's settings say), ascending index."""
         return entries(self.infer(texts, parameters=sparse_parameters(top_k, threshold)))
+
+    def embed_multi_vector(self, texts: Sequence[str], input_type: str = "document") -> list[np.ndarray]:
+        """A multi-vector (ColBERT) model's kept token vectors per text [its tokens, dim], the texts encoded as
+        queries or documents (input_type)."""
+        return token_vectors(self.infer(texts, parameters=side_parameters(input_type)))
 
     def close(self) -> None:
         self._client.close()
@@ -335,6 +356,9 @@ class AsyncTextClient(_Base):
         self, texts: Sequence[str], top_k: int | None = None, threshold: float | None = None
     ) -> list[tuple[np.ndarray, np.ndarray]]:
         return entries(await self.infer(texts, parameters=sparse_parameters(top_k, threshold)))
+
+    async def embed_multi_vector(self, texts: Sequence[str], input_type: str = "document") -> list[np.ndarray]:
+        return token_vectors(await self.infer(texts, parameters=side_parameters(input_type)))
 
     async def close(self) -> None:
         await self._client.close()

@@ -15,7 +15,7 @@ ENGINE_INPUTS = ("input_ids", "attention_mask")  # int32 [batch, sequence]: ONNX
 TOKEN_TYPES = "token_type_ids"  # int32 [batch, sequence], a third engine input for BERT pairs: 0 query, 1 text
 SERVING_FILE = "serving.json"
 PROMPTS_FILE = "config_sentence_transformers.json"  # a checkpoint's sentence-transformers prompts, if it has them
-CALIBRATION_FILE = "calibration.json"  # an embedder's int8/uint8 ranges, per dimension (export/calibration.py)
+CALIBRATION_FILE = "calibration.npy"  # an embedder's unit embeddings of its calibration corpus (export/calibration.py)
 OPTION_PREFIX = "engine."  # config parameters that carry the settings' [engine] options
 # A sparse model's outputs, per request [texts, that request's most non-zero entries]: each text's vocabulary
 # indices (int32, ascending, padded with -1) and their weights (fp32, padded with 0).
@@ -26,17 +26,26 @@ SPARSE_PADDING = {SPARSE_INDICES: -1, SPARSE_VALUES: 0.0}
 SPARSE_TOP_K = "sparse_top_k"  # int: keep a text's k largest entries; 0: all
 SPARSE_THRESHOLD = "sparse_threshold"  # float: keep entries above it; 0: every non-zero one
 SPARSE_HEAD_FILE = "sparse_head.npz"  # the MLM decoder (weight [vocab, hidden], bias) for onnxruntime_cpu
+# A multi-vector model's outputs, per request: each text's kept token vectors (fp32, unit length, [texts, that
+# request's most kept tokens, dim], zeros past a text's own) and how many it kept (int32 [texts, 1]).
+TOKEN_VECTORS = "token_vectors"
+TOKEN_COUNTS = "token_counts"
+INPUT_TYPE = "input_type"  # KServe request parameter of a multi-vector model: query | document (the default)
+INPUT_TYPES = ("query", "document")
+# Outputs padded to the widest part when several requests' outputs are joined, and with what.
+PADDED_OUTPUTS = {**SPARSE_PADDING, TOKEN_VECTORS: 0.0}
+PROJECTION_FILE = "projection.npz"  # a multi-vector model's Dense (weight [dim, hidden], bias if any), for torch
 
 
 @dataclass(frozen=True)
 class ServingSpec:
     """What `export` recorded about the model: task, pooling and output layout."""
 
-    task: str  # embedding | classification | rerank | sparse
+    task: str  # embedding | classification | rerank | sparse | multi_vector
     pooling: str  # mean | cls | max | mean_sqrt_len (embedding only; sparse: max, SpladePooling's strategy)
     normalize: bool  # L2-normalize pooled embeddings
     hidden_size: int
-    output_size: int  # embedding width, number of labels, or (sparse) the vocabulary
+    output_size: int  # embedding width, number of labels, (sparse) the vocabulary, (multi_vector) the projection
     labels: tuple[str, ...]  # classification labels by class index
     max_tokens: int
     pad_token_id: int
@@ -45,6 +54,8 @@ class ServingSpec:
     token_types: bool = True
     # sparse: SpladePooling's activation_function, relu (log1p(relu(x))) or log1p_relu (log1p applied twice).
     activation: str = "relu"
+    # multi_vector: how MultiVectorEncoder prepares each side (export/multi_vector_export.py MultiVectorSpec's fields).
+    multi_vector: dict | None = None
 
     @classmethod
     def load(cls, model_dir: Path) -> ServingSpec:
@@ -58,7 +69,9 @@ class ServingSpec:
     @property
     def output_name(self) -> str:
         # A sparse model's graph gives each token's MLM-transformed state; the engine projects and pools it.
-        return {"embedding": "embedding", "sparse": "token_states"}.get(self.task, "logits")
+        # A multi-vector graph gives every token's projected (and normalized) vector.
+        names = {"embedding": "embedding", "sparse": "token_states", "multi_vector": "token_vectors"}
+        return names.get(self.task, "logits")
 
     @property
     def pairs(self) -> bool:

@@ -15,7 +15,8 @@ from common.contract import PROMPTS_FILE, TOKEN_TYPES, ServingSpec
 from common.hf_tokenizer import load_tokenizer
 from export import sha256
 from export.calibration import write_calibration
-from export.checkpoint import CheckpointError, load_model, open_checkpoint, read_pooling, write_tokenizer
+from export.checkpoint import CheckpointError, Pooling, load_model, open_checkpoint, read_pooling, write_tokenizer
+from export.multi_vector_export import MultiVectorStates, read_multi_vector, save_projection, validate_multi_vector
 from export.onnx_export import VALIDATION_SENTENCES, ServingModule, export_onnx, validate
 from export.sparse_export import SparseStates, save_head, sparse_activation, validate_sparse
 from settings import ROOT, SettingsError, load_deployment
@@ -46,10 +47,14 @@ def export(
             f"{checkpoint.config.model_type} checkpoint's positions take: set model.max_tokens to at most that"
         )
     model = load_model(checkpoint, task)
-    pooling = read_pooling(checkpoint.folder)
+    # A multi-vector checkpoint pools nothing: its modules are read by read_multi_vector.
+    pooling = Pooling("mean", normalize=False) if task == "multi_vector" else read_pooling(checkpoint.folder)
     has_modules = checkpoint.folder is not None and (checkpoint.folder / "modules.json").is_file()
     activation = sparse_activation(task, pooling, has_modules, checkpoint.config.model_type)
     config = model.config
+    multi_vector = task == "multi_vector"
+    if multi_vector:
+        side_spec, projection = read_multi_vector(checkpoint, config.hidden_size, max_tokens)
     labels = tuple(config.id2label[i] for i in range(config.num_labels)) if task == "classification" else ()
     spec = ServingSpec(
         task=task,
@@ -61,12 +66,14 @@ def export(
             "classification": len(labels),
             "rerank": 1,
             "sparse": config.vocab_size,
+            "multi_vector": projection.weight.shape[0] if multi_vector else 0,
         }[task],
         labels=labels,
         max_tokens=max_tokens,
         pad_token_id=config.pad_token_id or 0,
         token_types=checkpoint.reads_token_types,
         activation=activation or "relu",
+        multi_vector=side_spec.as_dict() if multi_vector else None,
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
@@ -74,6 +81,8 @@ def export(
     if checkpoint.folder is not None and (checkpoint.folder / PROMPTS_FILE).is_file():  # for TEI's prompt_name
         shutil.copyfile(checkpoint.folder / PROMPTS_FILE, out_dir / PROMPTS_FILE)
     spec.save(out_dir)
+    if multi_vector:
+        save_projection(projection, out_dir)
     report = {"source": source, "model_type": config.model_type, "task": task}
     if task == "embedding":  # the ranges the API front quantizes int8/uint8 embeddings by
         reference = ServingModule(model, task, pooling, spec.token_types).eval()
@@ -85,7 +94,13 @@ def export(
         return report
 
     sparse = task == "sparse"
-    module = (SparseStates(model) if sparse else ServingModule(model, task, pooling, spec.token_types)).eval()
+    if sparse:
+        module = SparseStates(model)
+    elif multi_vector:
+        module = MultiVectorStates(model, projection)
+    else:
+        module = ServingModule(model, task, pooling, spec.token_types)
+    module.eval()
     partial = out_dir / "model.onnx.partial"
     export_onnx(module, partial, spec, opset)
     if sparse:
@@ -99,6 +114,8 @@ def export(
     types = [np.array(e.type_ids, dtype=np.int32) for e in encodings] if TOKEN_TYPES in spec.engine_inputs else None
     if sparse:
         deviation = validate_sparse(model, partial, out_dir, sequences, spec)
+    elif multi_vector:
+        deviation = validate_multi_vector(module, partial, sequences, spec)
     else:
         deviation = validate(module, partial, sequences, spec.pad_token_id, types)
     report |= {

@@ -1,8 +1,9 @@
-"""An embedder's int8/uint8 ranges, calibrated once at export: each dimension's min and max over a corpus of real
-texts, embedded by the PyTorch reference as the API front serves them (pooled, unit length: OpenAI's and Cohere's
-routes normalize), and written beside serving.json as calibration.json, {"ranges": [[min, ...], [max, ...]]}:
-sentence-transformers' `ranges` layout, so quantize_embeddings(embeddings, "int8", ranges=...) gives the served
-bytes (serving/api/quantization.py).
+"""An embedder's int8/uint8 calibration, once at export: a corpus of real texts embedded by the PyTorch reference as
+the API front serves them (pooled, unit length: OpenAI's and Cohere's routes normalize), written beside
+serving.json as calibration.npy (float32 [texts, dim]). The API front takes each dimension's min and max over them
+as the ranges (serving/api/quantization.py, Calibration), for the full width or for rows cut to `dimensions` and
+renormalized, whose ranges are those of the calibration rows cut and renormalized alike: what
+quantize_embeddings(embeddings, "int8", calibration_embeddings=...) computes.
 
 The corpus is the settings' model.calibration_corpus (one text a line), else the sentences shipped here: the
 export's validation sentences and the load test's corpus.
@@ -10,7 +11,6 @@ export's validation sentences and the load test's corpus.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -55,15 +55,11 @@ def unit_embeddings(module: ServingModule, sequences: list[np.ndarray], pad_id: 
 
 
 def write_calibration(module: ServingModule, out_dir: Path, max_tokens: int, pad_id: int, corpus: Path | None) -> dict:
-    """calibration.json in out_dir (whose tokenizer.json is the model's); what the export report says of it."""
+    """calibration.npy in out_dir (whose tokenizer.json is the model's); what the export report says of it."""
     texts = corpus_texts(corpus)
     tokenizer = load_tokenizer(out_dir / "tokenizer.json", max_tokens)
     sequences = sorted((np.array(e.ids, dtype=np.int32) for e in tokenizer.encode_batch(texts)), key=len)
-    embeddings = unit_embeddings(module, sequences, pad_id)
-    ranges = np.vstack((embeddings.min(axis=0), embeddings.max(axis=0)))
+    np.save(out_dir / CALIBRATION_FILE, unit_embeddings(module, sequences, pad_id).astype(np.float32))
     paths = SHIPPED_CORPUS if corpus is None else (corpus,)
     sources = [str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path) for path in paths]
-    # float32 values written as Python floats read back as the same float32 values.
-    data = {"ranges": ranges.tolist(), "texts": len(texts), "corpus": sources}
-    (out_dir / CALIBRATION_FILE).write_text(json.dumps(data) + "\n")
     return {"texts": len(texts), "corpus": sources}

@@ -189,7 +189,9 @@ def load_model(checkpoint: Checkpoint, task: str, seed: int = 0) -> PreTrainedMo
     """The fp32 PyTorch reference model, eager attention: AutoModel for embeddings, the family's
     ...ForSequenceClassification for labels and for a reranker (a cross-encoder: pairs in, the first logit its
     score), ...ForMaskedLM for sparse vectors."""
-    auto = {"embedding": AutoModel, "sparse": AutoModelForMaskedLM}.get(task, AutoModelForSequenceClassification)
+    auto = {"embedding": AutoModel, "multi_vector": AutoModel, "sparse": AutoModelForMaskedLM}.get(
+        task, AutoModelForSequenceClassification
+    )
     if checkpoint.folder is not None:
         return auto.from_pretrained(checkpoint.folder, attn_implementation="eager").eval()
     config = copy.deepcopy(checkpoint.config)  # the head's labels are this model's, not the checkpoint's

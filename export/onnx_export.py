@@ -17,6 +17,7 @@ from common.padding import pad_sequences
 from export.checkpoint import Pooling
 from model_repository.stages.engines.models import architecture
 
+PER_TOKEN = ("sparse", "multi_vector")  # tasks whose graph answers every token
 VALIDATION_SENTENCES = Path(__file__).with_name("validation_sentences.txt")
 
 
@@ -86,8 +87,8 @@ def export_onnx(module: ServingModule, path: Path, spec: ServingSpec, opset: int
             str(path),
             input_names=names,
             output_names=[spec.output_name],
-            # A sparse graph gives every token's state (sparse_export.py), the others a row per sequence.
-            dynamic_axes={**axes, spec.output_name: axes[names[0]] if spec.task == "sparse" else {0: "batch"}},
+            # A sparse or multi-vector graph gives a row per token, the others a row per sequence.
+            dynamic_axes={**axes, spec.output_name: axes[names[0]] if spec.task in PER_TOKEN else {0: "batch"}},
             opset_version=opset,
             dynamo=False,
         )

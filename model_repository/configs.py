@@ -15,6 +15,8 @@ from common.contract import (
     SPARSE_TOP_K,
     SPARSE_VALUES,
     TEXT_INPUT,
+    TOKEN_COUNTS,
+    TOKEN_VECTORS,
     TOKENS_OUTPUT,
     ServingSpec,
 )
@@ -164,6 +166,12 @@ def _task_outputs(spec: ServingSpec) -> list[mc.ModelOutput]:
         return [
             _tensor(mc.ModelOutput, SPARSE_INDICES, mc.TYPE_INT32, [-1]),
             _tensor(mc.ModelOutput, SPARSE_VALUES, mc.TYPE_FP32, [-1]),
+            tokens,
+        ]
+    if spec.task == "multi_vector":  # per request [texts, its most kept tokens, dim], zero-padded
+        return [
+            _tensor(mc.ModelOutput, TOKEN_VECTORS, mc.TYPE_FP32, [-1, spec.output_size]),
+            _tensor(mc.ModelOutput, TOKEN_COUNTS, mc.TYPE_INT32, [1]),
             tokens,
         ]
     if spec.task == "classification":

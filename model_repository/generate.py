@@ -127,17 +127,17 @@ def _write_models(out: Path, settings: Settings, spec: ServingSpec, export_dir: 
     """The Triton models of one settings file: the one-stage model, or the two-stage ensemble and its steps."""
     engine_paths = [export_dir / name for name in engine_files(settings.engine.kind, spec)]
     # What the API front reads beside the stage that tokenizes: the spec, the tokenizer, the prompts and an
-    # embedder's int8/uint8 ranges if any.
-    text_files = [export_dir / name for name in ("tokenizer.json", SERVING_FILE, PROMPTS_FILE, CALIBRATION_FILE)]
-    text_files = [path for path in text_files if path.is_file()]
+    # embedder's int8/uint8 calibration if any.
+    front_files = [export_dir / name for name in ("tokenizer.json", SERVING_FILE, PROMPTS_FILE, CALIBRATION_FILE)]
+    front_files = [path for path in front_files if path.is_file()]
     if settings.topology == "one_stage":
-        files = [*text_files, *engine_paths]
+        files = [*front_files, *engine_paths]
         config = one_stage_config(settings, spec, names)
         _write_text_warmup(_write_model(out, config, settings, files, "pipeline_model"), spec)
         return
     tokenizer_file, serving_file = export_dir / "tokenizer.json", export_dir / SERVING_FILE
     config = tokenizer_config(settings, spec, names)
-    _write_text_warmup(_write_model(out, config, settings, text_files, "tokenizer_model"), spec)
+    _write_text_warmup(_write_model(out, config, settings, front_files, "tokenizer_model"), spec)
     if settings.engine.kind == "tensorrt":
         _write_model(out, tensorrt_encoder_config(settings, spec, names), settings, engine_paths)
     else:

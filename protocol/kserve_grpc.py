@@ -61,14 +61,16 @@ def tensors_infer_request(
     inputs: dict[str, Sequence[bytes]],
     outputs: Sequence[str] = (),
     request_id: str = "",
-    parameters: dict[str, int | float] | None = None,
+    parameters: dict[str, int | float | str] | None = None,
 ) -> bytes:
     """A serialized ModelInferRequest of BYTES [rows, 1] inputs by name, each row already UTF-8 (a reranker's
     query beside its text, say), asking for `outputs` by name (none: all of them), with Triton's request id and
-    request parameters (a sparse model's sparse_top_k, sparse_threshold)."""
+    request parameters (a sparse model's sparse_top_k, sparse_threshold; a multi-vector model's input_type)."""
     request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
     for name, value in (parameters or {}).items():
-        if isinstance(value, int):
+        if isinstance(value, str):
+            request.parameters[name].string_param = value
+        elif isinstance(value, int):
             request.parameters[name].int64_param = value
         else:
             request.parameters[name].double_param = value

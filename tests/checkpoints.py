@@ -139,3 +139,40 @@ def make_sparse_checkpoint(
     model.save_pretrained(str(path), safe_serialization=True)
     SparseEncoder(modules=[MLMTransformer(str(path)), SpladePooling("max", activation)], device="cpu").save(str(path))
     return path
+
+
+def make_multi_vector_checkpoint(
+    path: Path, *, attend: bool = False, strategy: str = "fixed", dim: int = 16, bias: bool = False, seed: int = 0
+) -> Path:
+    """A ColBERT checkpoint in path, saved by sentence-transformers as a MultiVectorEncoder: random tiny BERT weights
+    with MiniLM's WordPiece vocabulary, a Dense projection to `dim`, PyLate's punctuation skiplist on documents,
+    [unused0] / [unused1] prompts and query expansion to 16 tokens (`strategy`, `attend`). The folder."""
+    import string
+
+    from sentence_transformers import MultiVectorEncoder
+    from sentence_transformers.base.modules import Normalize, Transformer
+    from sentence_transformers.base.modules.dense import Dense
+    from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
+
+    tokenizer = family_tokenizer("bert", VOCABULARY)
+    fields = {"vocab_size": tokenizer.get_vocab_size(), **config_token_ids(tokenizer, "bert"), **TINY["bert"]}
+    torch.manual_seed(seed)
+    backbone = path / "backbone"
+    transformers.AutoModel.from_config(transformers.AutoConfig.for_model("bert", **fields)).save_pretrained(backbone)
+    save_tokenizer(tokenizer, "bert", backbone, MAX_TOKENS)
+    expansion = {"strategy": strategy, "attend": attend, "length": 16}
+    modules = [
+        Transformer(str(backbone), query_expansion=expansion, document_length=40),
+        Dense(
+            LAYERS["hidden_size"],
+            dim,
+            bias=bias,
+            module_input_name="token_embeddings",
+            activation_function=torch.nn.Identity(),
+        ),
+        MultiVectorMask(list(string.punctuation)),
+        Normalize(module_input_name="token_embeddings"),
+    ]
+    prompts = {"query": "[unused0] ", "document": "[unused1] "}
+    MultiVectorEncoder(modules=modules, prompts=prompts, device="cpu").save(str(path))
+    return path

@@ -1,5 +1,7 @@
 """The one-stage Triton model, served as `ensemble` (or the model's name): text -> embedding, or label and scores,
-or a reranker's (query, text) -> score, or a sparse model's non-zero entries (sparse_output.py), in one stub.
+or a reranker's (query, text) -> score, or a sparse model's non-zero entries (sparse_output.py), or a multi-vector
+model's token vectors (multi_vector_output.py: each request on its own, since its side decides how its texts
+are tokenized), in one stub.
 
 The whole data path of a dynamic batch in one execute(): every text of every request is tokenized in one
 call (text_tokenizer.TextTokenizer: packed ids, no padding), the engine runs those packed ids at once, and
@@ -24,6 +26,7 @@ from common.contract import QUERY_INPUT, SCORE_OUTPUT, TEXT_INPUT, TOKENS_OUTPUT
 
 from .classification import label_array, scores_and_labels
 from .model_args import engine_from_args, instance_count, model_config
+from .multi_vector_output import MultiVectorSides, answer
 from .parent_watch import exit_with_parent
 from .sparse_output import SparseOutput
 from .stage_metrics import StageMetrics, encoder_counts, encoder_metrics, tokenizer_counts, tokenizer_metrics
@@ -40,6 +43,8 @@ class TritonPythonModel:
         self.labels = label_array(spec.labels) if spec.task == "classification" else None
         self.pairs = spec.pairs
         self.sparse = SparseOutput(params) if spec.task == "sparse" else None
+        multi = spec.task == "multi_vector"
+        self.sides = MultiVectorSides(version_dir / "tokenizer.json", spec.multi_vector) if multi else None
         self._create_metrics(args, int(config["max_batch_size"]))
         gc.freeze()  # what loading made lives on: later collections need not scan it
 
@@ -48,6 +53,8 @@ class TritonPythonModel:
         self._metrics = StageMetrics(pb_utils, "pipeline", args, declared)
 
     def execute(self, requests: list) -> list:
+        if self.sides is not None:
+            return [self._multi_vector(request) for request in requests]
         texts_in = [pb_utils.get_input_tensor_by_name(request, TEXT_INPUT).as_numpy() for request in requests]
         queries_in = (
             [pb_utils.get_input_tensor_by_name(r, QUERY_INPUT).as_numpy() for r in requests] if self.pairs else None
@@ -81,6 +88,21 @@ class TritonPythonModel:
             tensors.append(pb_utils.Tensor(TOKENS_OUTPUT, tokens[part]))
             responses.append(pb_utils.InferenceResponse(tensors))
         return responses
+
+    def _multi_vector(self, request):
+        """One request of a multi-vector model (its side is the request's): its texts' kept token vectors."""
+        texts, parts = self.text.gather([pb_utils.get_input_tensor_by_name(request, TEXT_INPUT).as_numpy()])
+        try:
+            if isinstance(parts[0], str):
+                raise ValueError(parts[0])
+            ids, lengths, attended, kept = self.sides.encode(texts, self.sides.side(request.parameters()))
+        except ValueError as exc:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG))
+        vectors = self.engine.forward_packed(ids, lengths, attended)
+        self._record(1, lengths)
+        tensors = [pb_utils.Tensor(name, array) for name, array in answer(vectors, lengths, kept).items()]
+        tensors.append(pb_utils.Tensor(TOKENS_OUTPUT, lengths.astype(np.int32).reshape(-1, 1)))
+        return pb_utils.InferenceResponse(tensors)
 
     def _record(self, requests: int, lengths: np.ndarray) -> None:
         values = tokenizer_counts(requests, lengths)

@@ -16,7 +16,7 @@ its handler) leaves the queue; once sent, its rows are computed and dropped. api
 request is a call of its own. Each request's RequestContext gets the time it queued and the time of the
 call that carried it; the call's Triton id lists the ids of its requests, and it carries the trace context
 of the first of them that is traced. A request with KServe parameters of its own (a sparse model's top_k,
-threshold) goes alone: one call carries one set.
+threshold, a multi-vector model's queries) goes alone: one call carries one set.
 """
 
 from __future__ import annotations

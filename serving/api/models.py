@@ -13,7 +13,7 @@ from tokenizers import Tokenizer
 
 from common.contract import PROMPTS_FILE, SERVING_FILE, ServingSpec
 from common.hf_tokenizer import load_tokenizer
-from serving.api.quantization import CALIBRATED, load_ranges
+from serving.api.quantization import CALIBRATED, Calibration
 from serving.api.schema import ApiError, Limits
 from settings import Deployment, Settings
 
@@ -23,12 +23,14 @@ NOUNS = {
     "classification": "a classification model",
     "rerank": "a reranker",
     "sparse": "a sparse embedding model",
+    "multi_vector": "a multi-vector (ColBERT) model",
 }
 ROUTES = {
     "embedding": "POST /v1/embeddings, /v2/embed or /embed",
     "classification": "POST /predict",
     "rerank": "POST /rerank or /v2/rerank",
     "sparse": "POST /embed_sparse",
+    "multi_vector": "POST /embed_all or /colbert/score",
 }
 
 
@@ -42,7 +44,7 @@ class ServedModel:
     whole: Tokenizer  # the same without truncation: token counts, left truncation
     limits: Limits
     prompts: dict[str, str]  # sentence-transformers' prompts by name (TEI's prompt_name)
-    ranges: np.ndarray | None  # an embedder's int8/uint8 ranges (2, dim) from its export; None if it has none
+    calibration: Calibration | None  # an embedder's int8/uint8 calibration from its export; None if it has none
 
     @property
     def task(self) -> str:
@@ -56,15 +58,18 @@ class ServedModel:
     def max_bytes(self) -> int:
         return self.settings.tokenizer.max_request_bytes
 
-    def ranges_for(self, kinds: tuple[str, ...], param: str) -> np.ndarray | None:
-        """The ranges, where int8 or uint8 is asked for; 400 naming the kind when the export has none."""
+    def ranges_for(self, kinds: tuple[str, ...], param: str, dimensions: int | None) -> np.ndarray | None:
+        """The ranges of rows cut to `dimensions` (None: the full width), where int8 or uint8 is asked for; 400
+        naming the kind when the export has no calibration."""
         calibrated = [kind for kind in kinds if kind in CALIBRATED]
-        if calibrated and self.ranges is None:
+        if not calibrated:
+            return None
+        if self.calibration is None:
             message = (
                 f"{self.name} has no calibrated ranges for {calibrated[0]} (its export predates them): export it again"
             )
             raise ApiError(400, message, param)
-        return self.ranges
+        return self.calibration.ranges(dimensions or self.spec.output_size)
 
     def refuse_task(self, wanted: str) -> ApiError:
         message = f"{self.name} is {NOUNS[self.task]}, not {NOUNS[wanted]}: use {ROUTES[self.task]}"
@@ -72,7 +77,7 @@ class ServedModel:
 
 
 def served_model(deployment: Deployment, settings: Settings, repository: Path) -> ServedModel:
-    """One model as the repository holds it: serving.json, tokenizer.json and an embedder's calibration.json beside
+    """One model as the repository holds it: serving.json, tokenizer.json and an embedder's calibration.npy beside
     the stage that tokenizes."""
     names = deployment.names(settings)
     folder = repository / (names.model if settings.topology == "one_stage" else names.tokenizer) / "1"
@@ -85,8 +90,8 @@ def served_model(deployment: Deployment, settings: Settings, repository: Path) -
     prompts_file = folder / PROMPTS_FILE
     prompts = json.loads(prompts_file.read_text()).get("prompts", {}) if prompts_file.is_file() else {}
     limits = Limits(deployment.api.max_inputs, settings.tokenizer.max_text_bytes, spec.output_size)
-    ranges = load_ranges(folder)
-    return ServedModel(settings.model.name, names.model, settings, spec, tokenizer, whole, limits, prompts, ranges)
+    calibration = Calibration.load(folder)
+    return ServedModel(settings.model.name, names.model, settings, spec, tokenizer, whole, limits, prompts, calibration)
 
 
 class Models:

@@ -65,7 +65,7 @@ def embed(version: str):
         body = await read_json(request)
         model = api.models.named(body.get("model") if isinstance(body, dict) else None, "embedding")
         parsed = cohere_embed_request(body, model.limits, version)
-        ranges = model.ranges_for(parsed.embedding_types, "embedding_types")
+        ranges = model.ranges_for(parsed.embedding_types, "embedding_types", parsed.dimensions)
         texts = read_as_asked(model, parsed)
         vectors, tokens = await embed_texts(request, model, texts, parsed.dimensions, normalize=True)
         rows = {kind: encoded_rows(vectors, kind, ranges) for kind in parsed.embedding_types}

@@ -1,11 +1,13 @@
 """OpenAI's routes: POST /v1/embeddings (and /embeddings) and GET /v1/models, the calls the openai SDK and
-langchain-openai make. A request names its model; a one-model server answers for its model.name only."""
+langchain-openai make. A request names its model; a one-model server answers for its model.name only. With
+`chunking` (chunking.py) each data item is one window of a text, with its `text_index` and character `span`."""
 
 from __future__ import annotations
 
 from aiohttp import web
 
 from common.contract import TEXT_INPUT, TOKENS_OUTPUT
+from serving.api.chunking import document_windows, requested_overlap, window_texts
 from serving.api.schema import ApiError, openai_request, openai_response, shaped
 from serving.api.service import answer, api_of, read_json
 
@@ -23,9 +25,18 @@ async def embeddings(request: web.Request) -> web.Response:
     body = await read_json(request)
     model = api.models.named(body.get("model") if isinstance(body, dict) else None, "embedding")
     parsed = openai_request(body, model.limits)
-    ranges = model.ranges_for((parsed.encoding_format,), "encoding_format")
-    vectors, tokens = await embed_texts(request, model, parsed.encoded, parsed.dimensions, normalize=True)
-    return answer(openai_response(vectors, tokens, parsed.encoding_format, model.name, ranges))
+    ranges = model.ranges_for((parsed.encoding_format,), "encoding_format", parsed.dimensions)
+    overlap = requested_overlap(body, model)
+    if overlap is None:
+        vectors, tokens = await embed_texts(request, model, parsed.encoded, parsed.dimensions, normalize=True)
+        return answer(openai_response(vectors, tokens, parsed.encoding_format, model.name, ranges))
+    texts = [data.decode("utf-8") for data in parsed.encoded]
+    windows = document_windows(model, texts, overlap, "input")
+    vectors, tokens = await embed_texts(request, model, window_texts(texts, windows), parsed.dimensions, True)
+    response = openai_response(vectors, tokens, parsed.encoding_format, model.name, ranges)
+    for item, window in zip(response["data"], windows, strict=True):  # `index` stays the item's, as the SDK reads it
+        item["text_index"], item["span"] = window.text_index, window.span
+    return answer(response)
 
 
 async def models(request: web.Request) -> web.Response:

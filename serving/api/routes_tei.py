@@ -19,7 +19,9 @@ from common.contract import (
     TEXT_INPUT,
 )
 from protocol.sparse import entries
+from serving.api.chunking import document_windows, requested_overlap, window_texts
 from serving.api.models import ServedModel
+from serving.api.routes_multi_vector import embed_all
 from serving.api.routes_openai import embed_texts
 from serving.api.schema import (
     ApiError,
@@ -35,7 +37,7 @@ from serving.api.schema import (
 from serving.api.service import answer, api_of, read_json
 from serving.api.truncation import keep_last, refuse_over_limit
 
-EMBED_FIELDS = frozenset({"normalize", "truncate", "truncation_direction", "prompt_name", "dimensions"})
+EMBED_FIELDS = frozenset({"normalize", "truncate", "truncation_direction", "prompt_name", "dimensions", "chunking"})
 SPARSE_FIELDS = frozenset({"truncate", "truncation_direction", "prompt_name", "top_k", "threshold"})
 
 
@@ -62,8 +64,17 @@ async def embed(request: web.Request) -> web.Response:
     model = api_of(request).models.for_task("embedding")
     encoded, body = tei_request(await read_json(request), model.limits, EMBED_FIELDS)
     width = dimensions(body.get("dimensions"), model.limits)
-    vectors, _ = await embed_texts(request, model, prepared(model, encoded, body), width, body.get("normalize", True))
-    return answer(vectors)
+    normalize, overlap = body.get("normalize", True), requested_overlap(body, model)
+    if overlap is None:
+        vectors, _ = await embed_texts(request, model, prepared(model, encoded, body), width, normalize)
+        return answer(vectors)
+    texts = [data.decode("utf-8") for data in encoded]
+    windows = document_windows(model, texts, overlap, "inputs")
+    vectors, _ = await embed_texts(request, model, window_texts(texts, windows), width, normalize)
+    per_text = [[] for _ in texts]  # with chunking: each text's windows, {"embedding", "span"}
+    for vector, window in zip(vectors, windows, strict=True):
+        per_text[window.text_index].append({"embedding": vector, "span": window.span})
+    return answer(per_text)
 
 
 def sparse_parameters(body: dict) -> dict[str, int | float]:
@@ -193,6 +204,8 @@ def model_info(model: ServedModel) -> dict:
         model_type = {"reranker": {"id2label": {"0": "score"}}}
     elif spec.task == "sparse":
         model_type = {"embedding": {"pooling": "splade", "dimensions": spec.output_size}}
+    elif spec.task == "multi_vector":  # a vector per kept token: pooled by none
+        model_type = {"embedding": {"pooling": "none", "dimensions": spec.output_size}}
     else:
         model_type = {"embedding": {"pooling": spec.pooling, "dimensions": spec.output_size}}
     choice = model.settings.engine_choice()
@@ -217,8 +230,12 @@ async def info(request: web.Request) -> web.Response:
 
 
 async def root(request: web.Request) -> web.Response:
-    """POST /, as TEI answers it: the first model's task decides (embed, predict, rerank, embed_sparse)."""
-    handlers = {"embedding": embed, "classification": predict, "rerank": rerank, "sparse": embed_sparse}
+    """POST /, as TEI answers it: the first model's task decides (embed, predict, rerank, embed_sparse,
+    embed_all)."""
+    handlers = {
+        "embedding": embed, "classification": predict, "rerank": rerank, "sparse": embed_sparse,
+        "multi_vector": embed_all,
+    }  # fmt: skip
     handler = handlers[api_of(request).models.first.task]
     return await handler(request)
 

@@ -95,7 +95,7 @@ def dimensions(value, limits: Limits, param: str = "dimensions") -> int | None:
 def openai_request(body, limits: Limits) -> EmbeddingsRequest:
     """OpenAI's embeddings request (which model it names is models.Models.named's to check)."""
     body = _object(body)
-    _known_fields(body, {"model", "input", "encoding_format", "dimensions", "user"})
+    _known_fields(body, {"model", "input", "encoding_format", "dimensions", "user", "chunking"})
     if "input" not in body:
         raise ApiError(400, "'input' is required", "input")
     encoding = body.get("encoding_format") or "float"

@@ -1,6 +1,7 @@
-"""export/calibration.py: an embedder's int8/uint8 ranges are its unit-length embeddings' per-dimension min and max
-over the corpus, as sentence-transformers computes them, written beside serving.json and carried into the
-generated repository; the corpus is read from the settings' file or the shipped texts, at most MAX_TEXTS lines."""
+"""export/calibration.py: an embedder's calibration is its unit-length embeddings of the corpus, as
+sentence-transformers computes them, written beside serving.json and carried into the generated repository; their
+per-dimension min and max are the int8/uint8 ranges; the corpus is read from the settings' file or the shipped
+texts, at most MAX_TEXTS lines."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from sentence_transformers import SentenceTransformer
 from common.contract import CALIBRATION_FILE
 from export.__main__ import export
 from export.calibration import MAX_TEXTS, corpus_texts
+from serving.api.quantization import Calibration
 from settings import SettingsError
 from tests.checkpoints import make_checkpoint
 
@@ -25,18 +27,19 @@ def test_ranges_are_the_unit_embeddings_extremes(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(TEXTS) + "\n\n")
     report = export(str(checkpoint), "embedding", 128, tmp_path / "export", 17, 1e-4, calibration_corpus=corpus)
-    written = json.loads((tmp_path / "export" / CALIBRATION_FILE).read_text())
+    calibration = Calibration.load(tmp_path / "export")
     reference = SentenceTransformer(str(checkpoint), device="cpu").encode(TEXTS, normalize_embeddings=True)
     expected = np.vstack((reference.min(axis=0), reference.max(axis=0)))
-    np.testing.assert_allclose(np.array(written["ranges"], dtype=np.float32), expected, atol=1e-5)
-    assert written["texts"] == report["calibration"]["texts"] == len(TEXTS), "the empty line is no text"
+    np.testing.assert_allclose(calibration.ranges(reference.shape[1]), expected, atol=1e-5)
+    assert len(calibration.embeddings) == report["calibration"]["texts"] == len(TEXTS), "the empty line is no text"
 
 
 def test_the_shipped_default_model_is_calibrated(exported, repository):
-    written = json.loads((exported / CALIBRATION_FILE).read_text())
-    ranges = np.array(written["ranges"], dtype=np.float32)
-    assert ranges.shape == (2, 384) and (ranges[0] < ranges[1]).all() and written["texts"] == MAX_TEXTS
-    assert written["corpus"] == ["export/validation_sentences.txt", "loadtest/corpus.txt"]
+    calibration = Calibration.load(exported)
+    ranges = calibration.ranges(384)
+    assert ranges.shape == (2, 384) and (ranges[0] < ranges[1]).all() and len(calibration.embeddings) == MAX_TEXTS
+    report = json.loads((exported / "export_report.json").read_text())
+    assert report["calibration"]["corpus"] == ["export/validation_sentences.txt", "loadtest/corpus.txt"]
     assert (repository / "ensemble" / "1" / CALIBRATION_FILE).read_bytes() == (exported / CALIBRATION_FILE).read_bytes()
 
 

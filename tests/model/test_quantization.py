@@ -1,6 +1,6 @@
 """serving/api/quantization.py against sentence-transformers' quantize_embeddings: the same bytes and dtypes for
 every precision, on values at and beyond the buckets' edges, for widths that are not a multiple of 8 and for
-Matryoshka-truncated rows (the ranges sliced to the kept dimensions)."""
+Matryoshka-truncated rows (the ranges of the calibration rows cut and renormalized alike)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from sentence_transformers.util.quantization import quantize_embeddings
 
-from serving.api.quantization import QUANTIZED, encoded_rows, quantize
+from serving.api.quantization import QUANTIZED, Calibration, encoded_rows, quantize
 
 
 def unit_rows(rows: int, width: int, seed: int) -> np.ndarray:
@@ -46,10 +46,16 @@ def test_every_precision_gives_sentence_transformers_bytes(embeddings, ranges, p
 
 
 @pytest.mark.parametrize("precision", ["int8", "uint8"])
-def test_truncated_rows_use_the_kept_dimensions_ranges(embeddings, ranges, precision):
-    kept = embeddings[:, :16] / np.linalg.norm(embeddings[:, :16], axis=1, keepdims=True)
-    ours = quantize(kept, precision, ranges)
-    assert ours.tobytes() == quantize_embeddings(kept, precision=precision, ranges=ranges[:, :16]).tobytes()
+def test_truncated_rows_use_the_calibration_cut_and_renormalized_alike(precision):
+    calibration = Calibration(unit_rows(500, 37, seed=1))
+    rows = unit_rows(64, 37, seed=2)
+    kept = rows[:, :16] / np.linalg.norm(rows[:, :16], axis=1, keepdims=True)
+    cut = calibration.embeddings[:, :16] / np.linalg.norm(calibration.embeddings[:, :16], axis=1, keepdims=True)
+    ours = quantize(kept, precision, calibration.ranges(16))
+    assert ours.tobytes() == quantize_embeddings(kept, precision=precision, calibration_embeddings=cut).tobytes()
+    full = quantize(kept, precision, calibration.ranges(37)[:, :16]).astype(np.int16)
+    clipped = np.isin(full, (0, 255) if precision == "uint8" else (-128, 127))
+    assert clipped.mean() > 2 * np.isin(ours.astype(np.int16), (0, 255, -128, 127)).mean(), "the full width's clip"
 
 
 def test_float64_ranges_are_read_as_float32(embeddings, ranges):

@@ -1,5 +1,5 @@
 """The real tritonservers the server suites share: one per topology for the session, on free ports (through
-serving/launcher/harness.py, as the benchmarks start theirs)."""
+serving/launcher/harness.py, as the benchmarks start theirs), and an API front over the first for a module."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 
 from serving.launcher.harness import local_server
+from tests.server.api_front_process import Front, urls
 
 
 @pytest.fixture(scope="session")
@@ -33,3 +34,11 @@ def two_stage_server(settings, exported, tmp_path_factory):
 def topology_server(request):
     """Each topology's server in turn: what clients see must not depend on it."""
     return request.getfixturevalue("server" if request.param == "one_stage" else "two_stage_server")
+
+
+@pytest.fixture(scope="module")
+def front(server, repository):
+    """The API front (its settings' defaults) over the session's one-stage server."""
+    started = Front(repository, urls(server))
+    yield started
+    started.stop()

@@ -22,13 +22,6 @@ from tests.server.api_front_process import SENTENCES, Front, urls
 
 
 @pytest.fixture(scope="module")
-def front(server, repository):
-    started = Front(repository, urls(server))
-    yield started
-    started.stop()
-
-
-@pytest.fixture(scope="module")
 def sdk(front):
     return openai.OpenAI(base_url=front.url + "/v1", api_key="not-needed", max_retries=0)
 

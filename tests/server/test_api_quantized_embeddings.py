@@ -13,8 +13,8 @@ import openai
 import pytest
 from sentence_transformers.util.quantization import quantize_embeddings
 
-from serving.api.quantization import load_ranges
-from tests.server.api_front_process import SENTENCES, Front, urls
+from serving.api.quantization import Calibration
+from tests.server.api_front_process import SENTENCES
 
 DTYPES = {"int8": np.int8, "uint8": np.uint8, "binary": np.int8, "ubinary": np.uint8}
 # Served and reference floats come from two engines (ONNX Runtime and PyTorch): a value that close to a bucket's
@@ -24,15 +24,13 @@ MOST_OFF_BY_ONE = 0.005  # share of int8 entries allowed one bucket off, each wh
 
 
 @pytest.fixture(scope="module")
-def front(server, repository):
-    started = Front(repository, urls(server))
-    yield started
-    started.stop()
+def calibration(exported):
+    return Calibration.load(exported)
 
 
 @pytest.fixture(scope="module")
-def ranges(exported):
-    return load_ranges(exported)
+def ranges(calibration):
+    return calibration.ranges(384)
 
 
 @pytest.fixture(scope="module")
@@ -108,13 +106,15 @@ def test_openai_sdk_base64_is_unchanged_and_raw_http_gets_int8_and_binary(front,
         assert_quantized_as_reference(rows, floats, reference, precision, ranges)
 
 
-def test_dimensions_truncate_then_quantize_with_the_kept_ranges(front, settings, ranges):
+def test_dimensions_truncate_then_quantize_by_the_calibration_cut_alike(front, settings, calibration):
     body = {"model": settings.model.name, "input": SENTENCES, "dimensions": 64}
     floats = np.array([item["embedding"] for item in front.post("/v1/embeddings", body).json()["data"]], np.float32)
     int8 = [
         item["embedding"] for item in front.post("/v1/embeddings", {**body, "encoding_format": "int8"}).json()["data"]
     ]
-    assert np.array(int8, np.int8).tobytes() == quantize_embeddings(floats, "int8", ranges=ranges[:, :64]).tobytes()
+    cut = calibration.embeddings[:, :64] / np.linalg.norm(calibration.embeddings[:, :64], axis=1, keepdims=True)
+    expected = quantize_embeddings(floats, "int8", calibration_embeddings=cut)
+    assert np.array(int8, np.int8).tobytes() == expected.tobytes()
     cohere_body = {"texts": SENTENCES, "output_dimension": 64, "embedding_types": ["float", "binary"]}
     answer = front.post("/v2/embed", cohere_body).json()["embeddings"]
     np.testing.assert_allclose(np.array(answer["float"]), floats, atol=1e-6)

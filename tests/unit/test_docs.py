@@ -35,13 +35,12 @@ SKIPPED = {".git", ".venv", "build", "node_modules", "__pycache__", ".kit", ".hy
 
 
 # Files the project writes (exports, generated repositories, results), named in the docs without existing here;
-# config_sentence_transformers.json is a checkpoint's, which the export copies; calibration.json the export's.
+# config_sentence_transformers.json is a checkpoint's, which the export copies.
 WRITTEN = {
     "serving.json",
     "tokenizer.json",
     "config.json",
     "config_sentence_transformers.json",
-    "calibration.json",
     "model.py",
     "settings.toml",
     "loadtest.json",

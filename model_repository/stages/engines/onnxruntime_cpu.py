@@ -6,7 +6,8 @@ on padding.
 
 A sparse model's graph stops at each token's MLM-transformed state (the export's SparseStates): the vocabulary
 projection and SpladePooling run here in numpy, a chunk of the vocabulary at a time (sparse.NumpySparseHead), so
-no [tokens x vocabulary] tensor is ever whole, in ONNX Runtime's arena or here.
+no [tokens x vocabulary] tensor is ever whole, in ONNX Runtime's arena or here. A multi-vector model's graph gives
+every token's projected vector, and the engine answers them packed (multi_vector_output.py picks the kept ones).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class OnnxRuntimeCpuEngine(Engine):
         self.head = NumpySparseHead(self.model_dir, spec.activation) if spec.task == "sparse" else None
 
     def forward_packed(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None):
+        if self.spec.task == "multi_vector":
+            return self._token_vectors(ids, lengths, types)
         out = [None] * len(lengths) if self.head else np.empty((len(lengths), self.spec.output_size), np.float32)
         starts = np.cumsum(lengths) - lengths
         order = np.argsort(lengths, kind="stable")
@@ -53,4 +56,22 @@ class OnnxRuntimeCpuEngine(Engine):
                 continue
             for row, sparse in zip(chunk, self.head(result[mask.astype(bool)], lengths[chunk]), strict=True):
                 out[row] = sparse
+        return out
+
+    def _token_vectors(self, ids: np.ndarray, lengths: np.ndarray, attended: np.ndarray) -> np.ndarray:
+        """Every token's vector, packed [tokens, dim]; attended (1/0 per token) is the graph's attention mask, so
+        that a query's unattended expansion tokens are keys to none but still get their vector."""
+        out = np.empty((len(ids), self.spec.output_size), np.float32)
+        starts = np.cumsum(lengths) - lengths
+        order = np.argsort(lengths, kind="stable")
+        self.computed_tokens = 0
+        for start, stop in plan_chunks(lengths[order]):
+            chunk = order[start:stop]
+            padded, real = pad_packed(ids, lengths[chunk], self.spec.pad_token_id, starts=starts[chunk])
+            mask = pad_packed(attended, lengths[chunk], 0, starts=starts[chunk])[0]
+            self.computed_tokens += padded.size
+            (result,) = self.session.run(None, {"input_ids": padded, "attention_mask": mask})
+            real = real.astype(bool)
+            places = starts[chunk][:, None] + np.arange(real.shape[1])[None, :]
+            out[places[real]] = result[real]
         return out

@@ -94,6 +94,10 @@ class TorchEngine(KernelCheck, Engine):
 
     def __init__(self, model_dir: Path, spec: ServingSpec, device: str, options: dict) -> None:
         super().__init__(model_dir, spec, device, options)
+        if spec.task == "multi_vector":  # its unattended query expansion needs a key mask the packed stream lacks
+            raise ValueError(
+                "task multi_vector is served by engine onnxruntime_cpu; the torch engine does not run it yet"
+            )
         self.torch_device = torch.device(device)
         self.is_cuda = self.torch_device.type == "cuda"
         if self.is_cuda and self.torch_device.index is None:

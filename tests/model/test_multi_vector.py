@@ -1,0 +1,116 @@
+"""Task multi_vector (ColBERT through sentence-transformers' MultiVectorEncoder) from checkpoint to the stage's
+outputs: a MultiVectorEncoder checkpoint exports as multi_vector, the stage tokenizes each side as the reference's
+preprocess does (prompt, truncation, [MASK] expansion), and onnxruntime_cpu gives, per text, the token vectors
+encode_query / encode_document give, which score as the reference's MaxSim."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common.contract import TOKEN_COUNTS, TOKEN_VECTORS
+from export.__main__ import export
+from export.onnx_export import VALIDATION_SENTENCES
+from model_repository.stages.engines import load_engine
+from model_repository.stages.multi_vector_output import MultiVectorSides, answer
+from tests.checkpoints import MAX_TOKENS, make_multi_vector_checkpoint
+
+sentence_transformers = pytest.importorskip("sentence_transformers")
+
+LONG_TEXT = " ".join(["Triton batches requests, from many clients, into one call to the model."] * 20)
+QUERIES = ["What is Triton?", "how do ColBERT's [MASK]s work", "une question en français ?", LONG_TEXT]
+# (strategy, attend): PyLate's classic expansion, and one attended with long queries kept whole.
+VARIANTS = {"fixed-unattended": ("fixed", False), "min-attended": ("min", True)}
+
+
+@dataclass(frozen=True)
+class MultiVector:
+    export_dir: Path
+    reference: object  # the MultiVectorEncoder
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def multi_vector(request, settings, tmp_path_factory) -> MultiVector:
+    strategy, attend = VARIANTS[request.param]
+    folder = tmp_path_factory.mktemp(f"multi-vector-{request.param}")
+    checkpoint = make_multi_vector_checkpoint(folder / "checkpoint", attend=attend, strategy=strategy, bias=attend)
+    engine = settings.engine
+    export(str(checkpoint), "multi_vector", MAX_TOKENS, folder / "export", engine.onnx_opset, engine.onnx_tolerance)
+    reference = sentence_transformers.MultiVectorEncoder(str(checkpoint), device="cpu")
+    return MultiVector(folder / "export", reference)
+
+
+def documents() -> list[str]:
+    return [*VALIDATION_SENTENCES.read_text().splitlines()[:12], LONG_TEXT]
+
+
+def test_a_multi_vector_encoder_exports_its_sides(multi_vector):
+    """serving.json: task multi_vector, the projection's width, the prompts, the lengths and the skiplist."""
+    spec = json.loads((multi_vector.export_dir / "serving.json").read_text())
+    assert spec["task"] == "multi_vector" and spec["output_size"] == 16
+    sides = spec["multi_vector"]
+    assert (sides["query_prompt"], sides["document_prompt"]) == ("[unused0] ", "[unused1] ")
+    assert sides["document_max_tokens"] == 40 and sides["expansion_length"] == 16
+    assert sides["skiplist_document"] and not sides["skiplist_query"] and sides["skiplist_ids"]
+
+
+@pytest.mark.parametrize("side", ["query", "document"])
+def test_each_side_tokenizes_as_the_reference(multi_vector, side):
+    """Token ids (expansion included) and which of them the encoder attends to: the reference's preprocess."""
+    sides = MultiVectorSides(multi_vector.export_dir / "tokenizer.json", _spec(multi_vector))
+    texts = QUERIES if side == "query" else documents()
+    ids, lengths, attended, _ = sides.encode(texts, side)
+    starts = np.cumsum(lengths) - lengths
+    reference = multi_vector.reference
+    prompt = reference.prompts["query" if side == "query" else "document"]
+    for index, text in enumerate(texts):
+        features = reference.preprocess([text], prompt=prompt, task=side)
+        scored = features["attention_mask"][0].bool() | features.get("query_expansion_positions", features[
+            "attention_mask"]).bool()[0]  # fmt: skip
+        expected = features["input_ids"][0][scored].numpy()
+        row = slice(starts[index], starts[index] + lengths[index])
+        np.testing.assert_array_equal(ids[row], expected)
+        np.testing.assert_array_equal(attended[row], features["attention_mask"][0][scored].numpy())
+
+
+def _spec(multi_vector: MultiVector) -> dict:
+    return json.loads((multi_vector.export_dir / "serving.json").read_text())["multi_vector"]
+
+
+def _served(multi_vector: MultiVector, texts: list[str], side: str) -> list[np.ndarray]:
+    sides = MultiVectorSides(multi_vector.export_dir / "tokenizer.json", _spec(multi_vector))
+    engine = load_engine("onnxruntime_cpu", multi_vector.export_dir, options={"threads": "2"})
+    ids, lengths, attended, kept = sides.encode(texts, side)
+    out = answer(engine.forward_packed(ids, lengths, attended), lengths, kept)
+    return [vectors[:count] for vectors, (count,) in zip(out[TOKEN_VECTORS], out[TOKEN_COUNTS], strict=True)]
+
+
+@pytest.mark.parametrize("side", ["query", "document"])
+def test_onnxruntime_gives_the_reference_token_vectors(multi_vector, side):
+    """Per text the same number of vectors as encode_query / encode_document, each at cosine >= 0.9999."""
+    texts = QUERIES if side == "query" else documents()
+    encode = multi_vector.reference.encode_query if side == "query" else multi_vector.reference.encode_document
+    expected = encode(texts, convert_to_numpy=True)
+    for served, reference in zip(_served(multi_vector, texts, side), expected, strict=True):
+        assert served.shape == reference.shape
+        cosine = (served * reference).sum(1) / np.linalg.norm(served, axis=1) / np.linalg.norm(reference, axis=1)
+        assert cosine.min() >= 0.9999
+
+
+def test_maxsim_of_the_served_vectors_is_the_reference_similarity(multi_vector):
+    """MaxSim of each query against each document, summed over the query's vectors: MultiVectorEncoder.similarity."""
+    reference = multi_vector.reference
+    queries, docs = _served(multi_vector, QUERIES, "query"), _served(multi_vector, documents(), "document")
+    scores = np.array([[(q @ d.T).max(1).sum() for d in docs] for q in queries])
+    expected = reference.similarity(reference.encode_query(QUERIES), reference.encode_document(documents()))
+    np.testing.assert_allclose(scores, expected.numpy(), atol=1e-3, rtol=1e-4)
+
+
+def test_a_bad_input_type_is_named():
+    with pytest.raises(ValueError, match="input_type"):
+        MultiVectorSides.side(json.dumps({"input_type": "passage"}))
+    assert MultiVectorSides.side("") == "document"

@@ -1,0 +1,159 @@
+"""A multi-vector model served (task multi_vector): one tritonserver and one launcher for a tiny ColBERT
+MultiVectorEncoder checkpoint (tests/checkpoints.py) on onnxruntime_cpu, with ensemble.max_batch_size 4 so that
+a request of more texts is split and its token vectors joined. TEI's /embed_all gives, for queries and documents,
+what encode_query / encode_document give; /colbert/score ranks documents by the reference's MaxSim; the gRPC client
+and the CLI read the same vectors; every bad field is a 400 naming it, and the server keeps serving."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from client import ClientError, TextClient
+from export.__main__ import export
+from loadtest.corpus import load_text
+from model_repository.generate import generate
+from serving.launcher.harness import Launcher
+from serving.launcher.triton_command import Ports
+from settings import load_deployment
+from tests.checkpoints import make_multi_vector_checkpoint
+from tests.support import api_post
+
+sentence_transformers = pytest.importorskip("sentence_transformers")
+
+MAX_TOKENS = 128
+MAX_BATCH = 4
+DOCUMENTS = [*load_text()[:9], "!!! ... ???"]  # the last keeps only its specials and prompt: punctuation is skipped
+QUERIES = ["What is Triton?", "how do ColBERT's [MASK]s work", " ".join(["a long query"] * 40)]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return make_multi_vector_checkpoint(tmp_path_factory.mktemp("colbert_checkpoint") / "colbert")
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoint):
+    return sentence_transformers.MultiVectorEncoder(str(checkpoint), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def launcher(checkpoint, settings, tmp_path_factory):
+    work = tmp_path_factory.mktemp("multi_vector_served")
+    engine = settings.engine
+    export(str(checkpoint), "multi_vector", MAX_TOKENS, work / "models" / "colbert", engine.onnx_opset,
+           engine.onnx_tolerance)  # fmt: skip
+    path = work / "colbert.toml"
+    path.write_text(
+        f'[model]\nsource = "{checkpoint}"\nname = "colbert"\ntask = "multi_vector"\nmax_tokens = {MAX_TOKENS}\n\n'
+        f'[engine]\nkind = "onnxruntime_cpu"\nprecision = "fp32"\n\n[ensemble]\nmax_batch_size = {MAX_BATCH}\n\n'
+        f'[server]\nbuild_dir = "{work}"\n\n[api]\nworkers = 1\n'
+    )
+    repository = generate(load_deployment([path]))
+    started = Launcher([path], repository, Ports.free(), work / "launcher.log").start()
+    yield started
+    started.terminate()
+    started.process.wait(timeout=60)
+
+
+def expected(reference, texts: list[str], side: str) -> list[np.ndarray]:
+    encode = reference.encode_query if side == "query" else reference.encode_document
+    return [np.asarray(vectors, dtype=np.float32) for vectors in encode(texts, convert_to_numpy=True)]
+
+
+def assert_same_vectors(served: list, wanted: list[np.ndarray]) -> None:
+    """The same tokens kept, each vector's direction within 1e-4 of the reference's."""
+    assert [len(vectors) for vectors in served] == [len(vectors) for vectors in wanted]
+    for vectors, reference_vectors in zip(served, wanted, strict=True):
+        vectors = np.asarray(vectors, dtype=np.float32)
+        cosine = (vectors * reference_vectors).sum(1) / (
+            np.linalg.norm(vectors, axis=1) * np.linalg.norm(reference_vectors, axis=1)
+        )
+        assert cosine.min() >= 0.9999, cosine.min()
+
+
+@pytest.mark.parametrize("side", ["query", "document"])
+def test_tei_embed_all_gives_the_encoders_token_vectors(launcher, reference, side):
+    """input_type and TEI's prompt_name both pick the side; more texts than max_batch_size are joined."""
+    texts = QUERIES if side == "query" else DOCUMENTS
+    wanted = expected(reference, texts, side)
+    status, answer = api_post(launcher, "/embed_all", {"inputs": texts, "input_type": side})
+    assert status == 200, answer
+    assert_same_vectors(answer, wanted)
+    status, by_prompt = api_post(launcher, "/embed_all", {"inputs": texts[:1], "prompt_name": side})
+    assert status == 200 and len(by_prompt[0]) == len(wanted[0])
+
+
+def test_documents_are_the_default_side_and_post_root_answers_embed_all(launcher, reference):
+    wanted = expected(reference, DOCUMENTS[:2], "document")
+    assert_same_vectors(api_post(launcher, "/embed_all", {"inputs": DOCUMENTS[:2]})[1], wanted)
+    status, answer = api_post(launcher, "/", {"inputs": DOCUMENTS[:2]})
+    assert status == 200
+    assert_same_vectors(answer, wanted)
+
+
+def test_colbert_score_ranks_documents_by_the_encoders_maxsim(launcher, reference):
+    question = QUERIES[0]
+    wanted = reference.similarity(expected(reference, [question], "query"), expected(reference, DOCUMENTS, "document"))
+    wanted = wanted.numpy().reshape(-1)
+    status, answer = api_post(launcher, "/colbert/score", {"query": question, "documents": DOCUMENTS})
+    assert status == 200, answer
+    assert sorted(rank["index"] for rank in answer) == list(range(len(DOCUMENTS)))
+    assert [rank["score"] for rank in answer] == sorted((rank["score"] for rank in answer), reverse=True)
+    scores = np.array([rank["score"] for rank in sorted(answer, key=lambda rank: rank["index"])])
+    np.testing.assert_allclose(scores, wanted, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/embed_all", {"inputs": "x", "input_type": "passage"}, "input_type"),
+        ("/embed_all", {"inputs": "x", "prompt_name": "search"}, "prompt_name"),
+        ("/embed_all", {"inputs": "x", "normalize": True}, "normalize"),
+        ("/embed_all", {"inputs": "x", "truncation_direction": "left"}, "truncation_direction"),
+        ("/embed_all", {"inputs": 3}, "inputs"),
+        ("/colbert/score", {"query": "x"}, "documents"),
+        ("/colbert/score", {"query": 3, "documents": ["x"]}, "query"),
+        ("/colbert/score", {"query": "x", "documents": "x"}, "documents"),
+    ],
+)
+def test_a_bad_field_is_a_400_naming_it(launcher, path, body, param):
+    status, answer = api_post(launcher, path, body)
+    assert status == 400 and answer["error"]["param"] == param, answer
+    assert api_post(launcher, "/embed_all", {"inputs": "still served"})[0] == 200
+
+
+def test_truncate_false_refuses_a_text_over_its_sides_length(launcher):
+    status, answer = api_post(
+        launcher, "/embed_all", {"inputs": [QUERIES[2]], "input_type": "query", "truncate": False}
+    )
+    assert status == 413 and "a query takes at most" in answer["error"]["message"], answer
+
+
+def test_dense_routes_send_the_caller_to_the_multi_vector_routes(launcher):
+    for path, body in (("/v1/embeddings", {"model": "colbert", "input": "x"}), ("/embed", {"inputs": "x"})):
+        status, answer = api_post(launcher, path, body)
+        assert status == 400 and "use POST /embed_all or /colbert/score" in answer["error"]["message"], answer
+
+
+def test_the_grpc_client_reads_each_texts_token_vectors(launcher, reference):
+    """Split into requests of max_batch_size texts, joined, cut to each text's count; a bad side is named."""
+    with TextClient(f"127.0.0.1:{launcher.ports.grpc}", "grpc") as client:
+        for side, texts in (("query", QUERIES), ("document", DOCUMENTS)):
+            assert_same_vectors(client.embed_multi_vector(texts, input_type=side), expected(reference, texts, side))
+        with pytest.raises(ClientError, match="input_type"):
+            client.infer(DOCUMENTS[:1], parameters={"input_type": "passage"})
+        with pytest.raises(ValueError, match="input_type"):
+            client.embed_multi_vector(DOCUMENTS[:1], input_type="passage")
+
+
+def test_the_cli_prints_each_texts_token_vectors(launcher, reference):
+    command = [sys.executable, "-m", "client", "embed-multi-vector", "--url", f"127.0.0.1:{launcher.ports.grpc}",
+               "--input-type", "query", *QUERIES[:2]]  # fmt: skip
+    run = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert_same_vectors(json.loads(run.stdout)["token_vectors"], expected(reference, QUERIES[:2], "query"))
