@@ -84,15 +84,6 @@ def export(
     if multi_vector:
         save_projection(projection, out_dir)
     report = {"source": source, "model_type": config.model_type, "task": task}
-    if task == "embedding":  # the ranges the API front quantizes int8/uint8 embeddings by
-        reference = ServingModule(model, task, pooling, spec.token_types).eval()
-        report["calibration"] = write_calibration(reference, out_dir, max_tokens, spec.pad_token_id, calibration_corpus)
-    if not onnx:
-        (out_dir / "model.onnx").unlink(missing_ok=True)  # an older export's would not match these weights
-        report["seconds"] = round(time.perf_counter() - started, 1)
-        (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
-        return report
-
     sparse = task == "sparse"
     if sparse:
         module = SparseStates(model)
@@ -101,6 +92,20 @@ def export(
     else:
         module = ServingModule(model, task, pooling, spec.token_types)
     module.eval()
+
+    def finish() -> dict:
+        """An embedder's calibration (the ranges the API front quantizes int8/uint8 by), once the export holds."""
+        if task == "embedding":
+            calibrated = write_calibration(module, out_dir, max_tokens, spec.pad_token_id, calibration_corpus)
+            report["calibration"] = calibrated
+        report["seconds"] = round(time.perf_counter() - started, 1)
+        (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
+        return report
+
+    if not onnx:
+        (out_dir / "model.onnx").unlink(missing_ok=True)  # an older export's would not match these weights
+        return finish()
+
     partial = out_dir / "model.onnx.partial"
     export_onnx(module, partial, spec, opset)
     if sparse:
@@ -125,7 +130,6 @@ def export(
         "largest_output_magnitude": deviation.largest_output,
         "relative_diff_onnxruntime_vs_pytorch": deviation.relative,
         "tolerance": tolerance,
-        "seconds": round(time.perf_counter() - started, 1),
     }
     if deviation.relative > tolerance:
         partial.unlink()
@@ -136,8 +140,7 @@ def export(
         )
     onnx_path = partial.rename(out_dir / "model.onnx")
     report["onnx_sha256"] = sha256(onnx_path)
-    (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
-    return report
+    return finish()
 
 
 def main(argv: list[str] | None = None) -> int:
