@@ -36,9 +36,9 @@ from common.contract import (
 )
 from protocol.api_key import api_key as api_key_of_environment
 from protocol.api_key import headers
-from protocol.kserve_grpc import GRPC_CHANNEL_ARGS, TRANSIENT_MESSAGES, encode_texts
+from protocol.kserve_grpc import GRPC_CHANNEL_ARGS, TRANSIENT_MESSAGES, encode_texts, join_outputs
 from protocol.multi_vector import token_vectors
-from protocol.sparse import entries, join_outputs
+from protocol.sparse import entries
 
 PROTOCOLS = ("grpc", "http")
 # CANCELLED too: this client never cancels a call itself (its deadline is DEADLINE_EXCEEDED), so a CANCELLED

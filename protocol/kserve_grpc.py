@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 from tritonclient.grpc import service_pb2
 
-from common.contract import TEXT_INPUT
+from common.contract import PADDED_OUTPUTS, TEXT_INPUT
 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 # Answers that mean "not now" for a model that exists, so a retry will find it: a Python stage's stub died
@@ -102,3 +102,18 @@ def decode_response(data: bytes) -> dict[str, np.ndarray]:
         else:
             outputs[tensor.name] = np.frombuffer(raw, dtype=DTYPES[tensor.datatype]).reshape(shape)
     return outputs
+
+
+def join_outputs(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Several requests' outputs by name, one after another; a padded output (sparse entries, token vectors) padded
+    along its second axis to the widest of them."""
+    joined = {}
+    for name in parts[0]:
+        arrays = [part[name] for part in parts]
+        if name in PADDED_OUTPUTS:
+            width = max(array.shape[1] for array in arrays)
+            fill = PADDED_OUTPUTS[name]
+            arrays = [np.pad(a, [(0, 0), (0, width - a.shape[1])] + [(0, 0)] * (a.ndim - 2), constant_values=fill)
+                      for a in arrays]  # fmt: skip
+        joined[name] = np.concatenate(arrays)
+    return joined

@@ -25,9 +25,9 @@ from protocol.kserve_grpc import (
     MODEL_INFER,
     TRANSIENT_MESSAGES,
     decode_response,
+    join_outputs,
     tensors_infer_request,
 )
-from protocol.sparse import join_outputs
 from serving.api.call_stats import CallStats
 
 

@@ -40,21 +40,11 @@ class OnnxRuntimeCpuEngine(Engine):
         if self.spec.task == "multi_vector":
             return self._token_vectors(ids, lengths, types)
         out = [None] * len(lengths) if self.head else np.empty((len(lengths), self.spec.output_size), np.float32)
-        starts = np.cumsum(lengths) - lengths
-        order = np.argsort(lengths, kind="stable")
-        self.computed_tokens = 0
-        for start, stop in plan_chunks(lengths[order]):
-            chunk = order[start:stop]
-            padded, mask = pad_packed(ids, lengths[chunk], self.spec.pad_token_id, starts=starts[chunk])
-            feeds = {"input_ids": padded, "attention_mask": mask}
-            if TOKEN_TYPES in self.spec.engine_inputs:
-                feeds[TOKEN_TYPES] = pad_packed(types, lengths[chunk], 0, starts=starts[chunk])[0]
-            self.computed_tokens += padded.size
-            (result,) = self.session.run(None, feeds)
+        for chunk, real, result in self._chunk_runs(ids, lengths, types):
             if self.head is None:
                 out[chunk] = result
                 continue
-            for row, sparse in zip(chunk, self.head(result[mask.astype(bool)], lengths[chunk]), strict=True):
+            for row, sparse in zip(chunk, self.head(result[real], lengths[chunk]), strict=True):
                 out[row] = sparse
         return out
 
@@ -63,15 +53,27 @@ class OnnxRuntimeCpuEngine(Engine):
         that a query's unattended expansion tokens are keys to none but still get their vector."""
         out = np.empty((len(ids), self.spec.output_size), np.float32)
         starts = np.cumsum(lengths) - lengths
+        for chunk, real, result in self._chunk_runs(ids, lengths, attended=attended):
+            places = starts[chunk][:, None] + np.arange(real.shape[1])[None, :]
+            out[places[real]] = result[real]
+        return out
+
+    def _chunk_runs(
+        self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None, attended: np.ndarray | None = None
+    ):
+        """The graph run on each chunk of similar lengths (plan_chunks): (the chunk's rows, where its padded
+        tokens are real, the graph's output). attended: the attention mask per token in place of the real tokens'
+        (a multi-vector query's expansion)."""
+        starts = np.cumsum(lengths) - lengths
         order = np.argsort(lengths, kind="stable")
         self.computed_tokens = 0
         for start, stop in plan_chunks(lengths[order]):
             chunk = order[start:stop]
             padded, real = pad_packed(ids, lengths[chunk], self.spec.pad_token_id, starts=starts[chunk])
-            mask = pad_packed(attended, lengths[chunk], 0, starts=starts[chunk])[0]
+            mask = real if attended is None else pad_packed(attended, lengths[chunk], 0, starts=starts[chunk])[0]
+            feeds = {"input_ids": padded, "attention_mask": mask}
+            if TOKEN_TYPES in self.spec.engine_inputs:
+                feeds[TOKEN_TYPES] = pad_packed(types, lengths[chunk], 0, starts=starts[chunk])[0]
             self.computed_tokens += padded.size
-            (result,) = self.session.run(None, {"input_ids": padded, "attention_mask": mask})
-            real = real.astype(bool)
-            places = starts[chunk][:, None] + np.arange(real.shape[1])[None, :]
-            out[places[real]] = result[real]
-        return out
+            (result,) = self.session.run(None, feeds)
+            yield chunk, real.astype(bool), result
