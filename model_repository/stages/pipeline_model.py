@@ -1,7 +1,7 @@
 """The one-stage Triton model, served as `ensemble` (or the model's name): text -> embedding, or label and scores,
 or a reranker's (query, text) -> score, or a sparse model's non-zero entries (sparse_output.py), or a multi-vector
-model's token vectors (multi_vector_output.py: each request on its own, since its side decides how its texts
-are tokenized), in one stub.
+model's token vectors (multi_vector_output.py: the requests of each side together, since a side decides how its
+texts are tokenized), in one stub.
 
 The whole data path of a dynamic batch in one execute(): every text of every request is tokenized in one
 call (text_tokenizer.TextTokenizer: packed ids, no padding), the engine runs those packed ids at once, and
@@ -54,7 +54,7 @@ class TritonPythonModel:
 
     def execute(self, requests: list) -> list:
         if self.sides is not None:
-            return [self._multi_vector(request) for request in requests]
+            return self._multi_vector(requests)
         texts_in = [pb_utils.get_input_tensor_by_name(request, TEXT_INPUT).as_numpy() for request in requests]
         queries_in = (
             [pb_utils.get_input_tensor_by_name(r, QUERY_INPUT).as_numpy() for r in requests] if self.pairs else None
@@ -68,15 +68,13 @@ class TritonPythonModel:
         responses = []
         for request, part in zip(requests, parts, strict=True):
             if isinstance(part, str):
-                error = pb_utils.TritonError(part, pb_utils.TritonError.INVALID_ARG)
-                responses.append(pb_utils.InferenceResponse(error=error))
+                responses.append(refused(part))
                 continue
             if self.sparse is not None:
                 try:
                     cut = self.sparse.tensors(outputs[part], request.parameters())
                 except ValueError as exc:
-                    error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
-                    responses.append(pb_utils.InferenceResponse(error=error))
+                    responses.append(refused(str(exc)))
                     continue
                 tensors = [pb_utils.Tensor(name, array) for name, array in cut.items()]
             elif self.pairs:
@@ -89,20 +87,33 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse(tensors))
         return responses
 
-    def _multi_vector(self, request):
-        """One request of a multi-vector model (its side is the request's): its texts' kept token vectors."""
-        texts, parts = self.text.gather([pb_utils.get_input_tensor_by_name(request, TEXT_INPUT).as_numpy()])
-        try:
-            if isinstance(parts[0], str):
-                raise ValueError(parts[0])
-            ids, lengths, attended, kept = self.sides.encode(texts, self.sides.side(request.parameters()))
-        except ValueError as exc:
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG))
-        vectors = self.engine.forward_packed(ids, lengths, attended)
-        self._record(1, lengths)
-        tensors = [pb_utils.Tensor(name, array) for name, array in answer(vectors, lengths, kept).items()]
-        tensors.append(pb_utils.Tensor(TOKENS_OUTPUT, lengths.astype(np.int32).reshape(-1, 1)))
-        return pb_utils.InferenceResponse(tensors)
+    def _multi_vector(self, requests: list) -> list:
+        """A multi-vector model's batch: the requests of each side (their parameter input_type) tokenized and run
+        together, each answered with its texts' kept token vectors."""
+        responses: list = [None] * len(requests)
+        by_side: dict[str, list[int]] = {}
+        for index, request in enumerate(requests):
+            try:
+                by_side.setdefault(self.sides.side(request.parameters()), []).append(index)
+            except ValueError as exc:
+                responses[index] = refused(str(exc))
+        for side, indices in by_side.items():
+            raws = [pb_utils.get_input_tensor_by_name(requests[index], TEXT_INPUT).as_numpy() for index in indices]
+            texts, parts = self.text.gather(raws)
+            ids, lengths, attended, kept = self.sides.encode(texts, side)
+            vectors = self.engine.forward_packed(ids, lengths, attended) if len(lengths) else None
+            self._record(len(indices), lengths)
+            token_ends = np.concatenate([[0], np.cumsum(lengths)])
+            for index, part in zip(indices, parts, strict=True):
+                if isinstance(part, str):
+                    responses[index] = refused(part)
+                    continue
+                tokens = slice(token_ends[part.start], token_ends[part.stop])
+                outputs = answer(vectors[tokens], lengths[part], kept[tokens])
+                tensors = [pb_utils.Tensor(name, array) for name, array in outputs.items()]
+                tensors.append(pb_utils.Tensor(TOKENS_OUTPUT, lengths[part].astype(np.int32).reshape(-1, 1)))
+                responses[index] = pb_utils.InferenceResponse(tensors)
+        return responses
 
     def _record(self, requests: int, lengths: np.ndarray) -> None:
         values = tokenizer_counts(requests, lengths)
@@ -112,3 +123,8 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         self._metrics.close()
+
+
+def refused(message: str):
+    """A request's answer when it is refused (the batch's other requests are served)."""
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, pb_utils.TritonError.INVALID_ARG))

@@ -5,6 +5,7 @@ encode_query / encode_document give, which score as the reference's MaxSim."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from export.onnx_export import VALIDATION_SENTENCES
 from model_repository.stages.engines import load_engine
 from model_repository.stages.multi_vector_output import MultiVectorSides, answer
 from tests.checkpoints import MAX_TOKENS, make_multi_vector_checkpoint
+from tests.model.test_stage_execute import assert_served_as_alone, loaded_stage
 
 sentence_transformers = pytest.importorskip("sentence_transformers")
 
@@ -114,3 +116,40 @@ def test_a_bad_input_type_is_named():
     with pytest.raises(ValueError, match="input_type"):
         MultiVectorSides.side(json.dumps({"input_type": "passage"}))
     assert MultiVectorSides.side("") == "document"
+
+
+class Request(dict):
+    """A request as the stage reads it: its inputs by name, and its KServe parameters (JSON)."""
+
+    def __init__(self, texts: list[str], parameters: dict) -> None:
+        super().__init__(text=np.array([[text.encode()] for text in texts], dtype=np.object_))
+        self._parameters = json.dumps(parameters)
+
+    def parameters(self) -> str:
+        return self._parameters
+
+
+def test_one_execute_runs_each_sides_requests_together_as_each_alone(multi_vector, settings, monkeypatch, tmp_path):
+    """Queries and documents in one dynamic batch, with a request whose side is refused between them: one engine
+    call per side, each request gets what it gets alone, the refused one INVALID_ARG naming input_type."""
+    chosen = dataclasses.replace(
+        settings,
+        model=dataclasses.replace(settings.model, task="multi_vector", max_tokens=MAX_TOKENS),
+        engine=dataclasses.replace(settings.engine, kind="onnxruntime_cpu"),
+    )
+    stage = loaded_stage(monkeypatch, chosen, multi_vector.export_dir, tmp_path / "repo", "pipeline_model")
+    requests = [
+        Request(QUERIES[:2], {"input_type": "query"}),
+        Request(documents()[:3], {}),
+        Request(["a passage"], {"input_type": "passage"}),
+        Request(QUERIES[2:], {"input_type": "query"}),
+        Request(documents()[3:5], {"input_type": "document"}),
+    ]
+    runs, forward = [], stage.engine.forward_packed
+    monkeypatch.setattr(stage.engine, "forward_packed", lambda *args: runs.append(len(args[1])) or forward(*args))
+    together = stage.execute(requests)
+    assert runs == [4, 5], "one engine call per side: 4 queries, then 5 documents"
+    alone = [stage.execute([request])[0] for request in requests]
+    stage.finalize()
+    assert "input_type" in together[2].error.message and not together[2].outputs
+    assert_served_as_alone(together[:2] + together[3:], alone[:2] + alone[3:])

@@ -8,6 +8,7 @@ import importlib
 import json
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -50,22 +51,19 @@ class Backend:
         return types.SimpleNamespace(as_numpy=lambda: request[name])
 
 
-@pytest.mark.parametrize("stage", ["pipeline_model", "tokenizer_model"])
-def test_a_refused_request_in_an_execute_fails_alone(monkeypatch, settings, exported, tmp_path, stage):
-    """One execute() of the stage that tokenizes, given a refused request between good ones: it fails with
-    INVALID_ARG, the others get what they would get alone."""
-    topology = "one_stage" if stage == "pipeline_model" else "two_stage"
-    chosen = dataclasses.replace(settings, ensemble=dataclasses.replace(settings.ensemble, topology=topology))
-    model = "ensemble" if stage == "pipeline_model" else "tokenizer"
-    folder = generate(chosen, exported, tmp_path / "repo") / model
-    config = text_format.Parse((folder / "config.pbtxt").read_text(), mc.ModelConfig())
+def loaded_stage(monkeypatch, settings, export_dir: Path, folder: Path, stage: str):
+    """The stage module's TritonPythonModel, initialized as Triton would on the repository generated from
+    settings and export_dir into folder, with Backend standing in for Triton's Python API."""
+    model = "tokenizer" if stage == "tokenizer_model" else "ensemble"
+    model_dir = generate(settings, export_dir, folder) / model
+    config = text_format.Parse((model_dir / "config.pbtxt").read_text(), mc.ModelConfig())
     args = {
         "model_config": json.dumps(
             json_format.MessageToDict(
                 config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
             )
         ),
-        "model_repository": str(folder),
+        "model_repository": str(model_dir),
         "model_version": "1",
         "model_name": model,
         "model_instance_name": f"{model}_0_0",
@@ -76,6 +74,24 @@ def test_a_refused_request_in_an_execute_fails_alone(monkeypatch, settings, expo
     monkeypatch.setattr(module, "pb_utils", Backend)
     instance = module.TritonPythonModel()
     instance.initialize(args)
+    return instance
+
+
+def assert_served_as_alone(together: list, alone: list) -> None:
+    """Each response of one execute() is what its request gets in an execute() of its own."""
+    for shared, single in zip(together, alone, strict=True):
+        assert shared.error is None and shared.outputs.keys() == single.outputs.keys()
+        for name, array in shared.outputs.items():
+            np.testing.assert_array_equal(array, single.outputs[name])
+
+
+@pytest.mark.parametrize("stage", ["pipeline_model", "tokenizer_model"])
+def test_a_refused_request_in_an_execute_fails_alone(monkeypatch, settings, exported, tmp_path, stage):
+    """One execute() of the stage that tokenizes, given a refused request between good ones: it fails with
+    INVALID_ARG, the others get what they would get alone."""
+    topology = "one_stage" if stage == "pipeline_model" else "two_stage"
+    chosen = dataclasses.replace(settings, ensemble=dataclasses.replace(settings.ensemble, topology=topology))
+    instance = loaded_stage(monkeypatch, chosen, exported, tmp_path / "repo", stage)
     huge = over_limit_texts(settings.tokenizer.max_text_bytes)["one-byte-over"]
     requests = [{"text": np.array([[text]], dtype=np.object_)} for text in (b"first good text", huge, b"a second one")]
     together = instance.execute(requests)
@@ -83,7 +99,4 @@ def test_a_refused_request_in_an_execute_fails_alone(monkeypatch, settings, expo
     instance.finalize()
     assert together[1].error.code == Backend.TritonError.INVALID_ARG
     assert "tokenizer.max_text_bytes" in together[1].error.message and not together[1].outputs
-    for shared, single in zip(together[::2], alone[::2], strict=True):
-        assert shared.error is None and shared.outputs.keys() == single.outputs.keys()
-        for name, array in shared.outputs.items():
-            np.testing.assert_array_equal(array, single.outputs[name])
+    assert_served_as_alone(together[::2], alone[::2])
