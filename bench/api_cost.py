@@ -5,15 +5,19 @@ beside it a second API front on the same tritonserver with api.coalesce_calls = 
 of its own), and drives them with closed loops of `--concurrency` clients, one text of loadtest/corpus.txt per
 request: `grpc` sends KServe ModelInfer requests straight to tritonserver, `api-base64` and `api-float` send
 OpenAI embedding requests to the API front (base64 is what the OpenAI SDKs ask for by default),
-`api-base64-alone` the same as api-base64 to the front that does not coalesce, and `tei-embed` (not run unless
-named) TEI's POST /embed to the API front. `--generator python` (the default) spreads the clients over
+`api-base64-alone` the same as api-base64 to the front that does not coalesce; not run unless named: `tei-embed`
+TEI's POST /embed to the API front, `api-int8`, `api-uint8`, `api-binary` and `api-ubinary` /v1/embeddings in
+those encoding_formats (quantization.py), and `cohere-float`, `cohere-int8` and `cohere-binary` Cohere's POST
+/v2/embed with that one embedding type. `--generator python` (the default) spreads the clients over
 `--processes` Python processes (grpc.aio, aiohttp, pre-serialized requests); `--generator perf_analyzer` runs
 tritonclient 2.51's compiled perf_analyzer instead, on `--processes` threads, over gRPC for `grpc` and in its
 OpenAI mode (each JSON body posted as is) for the HTTP routes: a load generator of other costs, measured beside
 the server's (docs/benchmarks.md). Rounds alternate the routes so that all see the same machine state. Per
 route: requests/s, p50 and p99 latency, texts per Triton request (Triton's own counters), and CPU microseconds
 per request of tritonserver, the stubs, each front's workers (/proc) and the load generators (their own CPU
-time). Writes api_cost.json; `python -m bench.plot` draws it.
+time), and, with the Python generator, the answer's bytes per text as the client receives them (the HTTP body
+before any JSON parsing; for grpc the serialized ModelInferResponse; one text a request), beside the float
+answer's where api-float ran. Writes api_cost.json; `python -m bench.plot` draws it.
 """
 
 from __future__ import annotations
@@ -49,7 +53,12 @@ from serving.launcher.triton_command import Ports, free_ports
 from serving.workers import FrontWorkers
 from settings import load_settings
 
-ROUTES = ("grpc", "api-base64", "api-float", "api-base64-alone", "tei-embed")
+QUANTIZED_FORMATS = ("int8", "uint8", "binary", "ubinary")  # OpenAI encoding_format, beside float and base64
+COHERE_TYPES = ("float", "int8", "binary")  # Cohere v2 embedding_types, one a route
+ROUTES = (
+    "grpc", "api-base64", "api-float", "api-base64-alone", "tei-embed",
+    *(f"api-{name}" for name in QUANTIZED_FORMATS), *(f"cohere-{name}" for name in COHERE_TYPES),
+)  # fmt: skip
 DEFAULT_ROUTES = ROUTES[:4]
 
 
@@ -57,62 +66,71 @@ def request_body(route: str, model: str, text: str) -> dict:
     """The JSON body an HTTP route sends for one text, whichever generator sends it."""
     if route == "tei-embed":
         return {"inputs": text}
+    if route.startswith("cohere-"):
+        kind = route.removeprefix("cohere-")
+        return {"model": model, "texts": [text], "input_type": "search_document", "embedding_types": [kind]}
     return {"model": model, "input": text, "encoding_format": route.removeprefix("api-").removesuffix("-alone")}
 
 
-async def _grpc_loop(target: str, texts: list[str], clients: int, deadline: float) -> list[float]:
+async def _grpc_loop(target: str, texts: list[str], clients: int, deadline: float) -> tuple[list[float], int]:
+    """The closed loops' latencies and the bytes of every answer (the serialized ModelInferResponse)."""
     import grpc
 
     bodies = [model_infer_request("ensemble", [text]) for text in texts]
     latencies: list[float] = []
+    received = 0
     async with grpc.aio.insecure_channel(target, options=GRPC_CHANNEL_ARGS) as channel:
         call = channel.unary_unary(MODEL_INFER, response_deserializer=lambda data: data)
 
         async def client(offset: int) -> None:
+            nonlocal received
             index = offset
             while time.perf_counter() < deadline:
                 started = time.perf_counter()
-                await call(bodies[index % len(bodies)], timeout=60)
+                received += len(await call(bodies[index % len(bodies)], timeout=60))
                 latencies.append(time.perf_counter() - started)
                 index += clients
 
         await asyncio.gather(*(client(i) for i in range(clients)))
-    return latencies
+    return latencies, received
 
 
-async def _api_loop(url: str, bodies: list[bytes], clients: int, deadline: float) -> list[float]:
+async def _api_loop(url: str, bodies: list[bytes], clients: int, deadline: float) -> tuple[list[float], int]:
+    """The closed loops' latencies and the bytes of every answer's body, as read off the wire (not parsed)."""
     import aiohttp
 
     headers = {"Content-Type": "application/json"}
     latencies: list[float] = []
+    received = 0
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
 
         async def client(offset: int) -> None:
+            nonlocal received
             index = offset
             while time.perf_counter() < deadline:
                 started = time.perf_counter()
                 async with session.post(url, data=bodies[index % len(bodies)], headers=headers) as response:
-                    await response.read()
+                    received += len(await response.read())
                     if response.status != 200:
                         raise RuntimeError(f"{url} answered {response.status}")
                 latencies.append(time.perf_counter() - started)
                 index += clients
 
         await asyncio.gather(*(client(i) for i in range(clients)))
-    return latencies
+    return latencies, received
 
 
-def load_process(job: tuple) -> tuple[list[float], float]:
-    """One load generator: its closed loop's latencies and its own CPU seconds."""
+def load_process(job: tuple) -> tuple[list[float], float, int]:
+    """One load generator: its closed loop's latencies, its own CPU seconds and the bytes it received."""
     route, address, model, texts, clients, duration_s = job
     cpu = time.process_time()
     deadline = time.perf_counter() + duration_s
     if route == "grpc":
-        latencies = asyncio.run(_grpc_loop(address, texts, clients, deadline))
+        latencies, received = asyncio.run(_grpc_loop(address, texts, clients, deadline))
     else:
         bodies = [json.dumps(request_body(route, model, text)).encode() for text in texts]
-        latencies = asyncio.run(_api_loop(address, bodies, clients, deadline))
-    return latencies, time.process_time() - cpu
+        latencies, received = asyncio.run(_api_loop(address, bodies, clients, deadline))
+    return latencies, time.process_time() - cpu, received
 
 
 @dataclass(frozen=True)
@@ -140,7 +158,9 @@ def addresses(ports: Ports) -> dict[str, str]:
     """Where each route of the launcher on `ports` sends its requests."""
     api = f"http://127.0.0.1:{ports.api}/v1/embeddings"
     tei = f"http://127.0.0.1:{ports.api}/embed"
-    return {"grpc": f"127.0.0.1:{ports.grpc}", "api-base64": api, "api-float": api, "tei-embed": tei}
+    cohere = {f"cohere-{name}": f"http://127.0.0.1:{ports.api}/v2/embed" for name in COHERE_TYPES}
+    openai = {f"api-{name}": api for name in ("base64", "float", *QUANTIZED_FORMATS)}
+    return {"grpc": f"127.0.0.1:{ports.grpc}", **openai, "tei-embed": tei, **cohere}
 
 
 def triton_requests(metrics_url: str) -> tuple[float, float]:
@@ -182,16 +202,41 @@ def run_route(pool, target: Target, route: str, address: str, concurrency: int, 
         started = time.perf_counter()
         results = pool.map(load_process, jobs)
         seconds = time.perf_counter() - started
-        latencies = sorted(latency for part, _ in results for latency in part)
+        latencies = sorted(latency for part, _, _ in results for latency in part)
         figures = {
             "requests": len(latencies),
             "rps": round(len(latencies) / seconds, 1),
             "p50_ms": round(1000 * statistics.median(latencies), 3),
             "p99_ms": round(1000 * latencies[int(0.99 * (len(latencies) - 1))], 3),
+            "bytes_per_text": round(sum(received for _, _, received in results) / len(latencies), 1),
         }
-        return figures, sum(cpu for _, cpu in results)
+        return figures, sum(cpu for _, cpu, _ in results)
 
     return measured(target, load)
+
+
+def summary(runs: dict[str, list[dict]]) -> dict:
+    """Each route's median req/s over its rounds and its mean answer bytes per text (the Python generator's; None
+    from perf_analyzer), and both against grpc's, api-float's and api-base64-alone's where those ran."""
+    medians = {route: statistics.median(run["rps"] for run in done) for route, done in runs.items()}
+    sizes = {
+        route: round(statistics.fmean(run["bytes_per_text"] for run in done), 1) if "bytes_per_text" in done[0]
+        else None
+        for route, done in runs.items()
+    }  # fmt: skip
+    ratios = {route: round(rps / medians["grpc"], 3) for route, rps in medians.items()} if "grpc" in medians else {}
+    if {"api-base64", "api-base64-alone"} <= set(medians):
+        ratios["coalesced_vs_alone"] = round(medians["api-base64"] / medians["api-base64-alone"], 3)
+    result = {"runs": runs, "median_rps": medians, "bytes_per_text": sizes, "vs_grpc": ratios}
+    if "api-float" in medians:
+        result["vs_float"] = {
+            route: {
+                "rps": round(rps / medians["api-float"], 3),
+                "bytes": round(sizes[route] / sizes["api-float"], 3) if sizes[route] and sizes["api-float"] else None,
+            }
+            for route, rps in medians.items()
+        }
+    return result
 
 
 def perf_analyzer_data(route: str, model: str, texts: list[str]) -> dict:
@@ -308,16 +353,8 @@ def main(argv: list[str] | None = None) -> int:
                                 args.out / f"py-spy-api-c{concurrency}.txt",
                             )
                         runs[route].append(drive(target, route, routes[route], concurrency, args.duration_s))
-                medians = {route: statistics.median(run["rps"] for run in done) for route, done in runs.items()}
-                ratios = (
-                    {route: round(rps / medians["grpc"], 3) for route, rps in medians.items()}
-                    if "grpc" in medians
-                    else {}
-                )
-                if {"api-base64", "api-base64-alone"} <= set(medians):
-                    ratios["coalesced_vs_alone"] = round(medians["api-base64"] / medians["api-base64-alone"], 3)
-                results[f"c={concurrency}"] = {"runs": runs, "median_rps": medians, "vs_grpc": ratios}
-                print(f"c={concurrency}", medians, ratios, flush=True)
+                results[f"c={concurrency}"] = found = summary(runs)
+                print(f"c={concurrency}", found["median_rps"], found["bytes_per_text"], found["vs_grpc"], flush=True)
     finally:
         alone.stop()
         launcher.terminate()
