@@ -2,7 +2,7 @@
 in one process.
 
     python -m bench.sparse_bench --device cpu|cuda --out DIR [--shape bert-base|distilbert-base] [--batch 32]
-                                 [--texts 1024] [--passes 3] [--threads N]
+                                 [--texts 1024] [--passes 3] [--threads N] [--tokenizer FILE]
 
 Model: random weights of the preset's real shape and vocabulary (30,522), exported by the project's export as
 settings/variants/splade.toml's random-init source is (its decoder bias lowered so that texts stay sparse). Texts:
@@ -149,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--texts", type=int, default=1024, help="corpus texts per pass")
     parser.add_argument("--passes", type=int, default=3, help="timed passes; the best counts")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads of every runner")
+    parser.add_argument("--tokenizer", type=Path, help="tokenizer.json of the preset (default: MiniLM's package)")
     args = parser.parse_args(argv)
     sizes = [int(size) for size in (args.batch or ("32" if args.device == "cpu" else "64,1")).split(",")]
     settings = load_settings(SETTINGS)
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="sparse_bench_") as work:
         folder = Path(work) / "export"
         report = export(f"random-init:{args.shape}", "sparse", max_tokens, folder, settings.engine.onnx_opset,
-                        settings.engine.onnx_tolerance, onnx=args.device == "cpu")  # fmt: skip
+                        settings.engine.onnx_tolerance, args.tokenizer, onnx=args.device == "cpu")  # fmt: skip
         spec = ServingSpec.load(folder)
         tokenizer = load_tokenizer(folder / "tokenizer.json", max_tokens)
         started = time.perf_counter()
