@@ -87,7 +87,10 @@ async def _grpc_loop(target: str, texts: list[str], clients: int, deadline: floa
             index = offset
             while time.perf_counter() < deadline:
                 started = time.perf_counter()
-                received += len(await call(bodies[index % len(bodies)], timeout=60))
+                answer = await call(bodies[index % len(bodies)], timeout=60)
+                received += len(
+                    answer
+                )  # not `received += len(await ...)`: that adds to the value read before the await
                 latencies.append(time.perf_counter() - started)
                 index += clients
 
@@ -110,7 +113,8 @@ async def _api_loop(url: str, bodies: list[bytes], clients: int, deadline: float
             while time.perf_counter() < deadline:
                 started = time.perf_counter()
                 async with session.post(url, data=bodies[index % len(bodies)], headers=headers) as response:
-                    received += len(await response.read())
+                    body = await response.read()
+                    received += len(body)
                     if response.status != 200:
                         raise RuntimeError(f"{url} answered {response.status}")
                 latencies.append(time.perf_counter() - started)
