@@ -35,17 +35,25 @@ INPUT_TYPES = ("query", "document")
 # Outputs padded to the widest part when several requests' outputs are joined, and with what.
 PADDED_OUTPUTS = {**SPARSE_PADDING, TOKEN_VECTORS: 0.0}
 PROJECTION_FILE = "projection.npz"  # a multi-vector model's Dense (weight [dim, hidden], bias if any), for torch
+# A hybrid model's (BGE-M3's) graph outputs, from one pass: each text's dense vector, each token's lexical weight
+# (ReLU of the sparse head) and each token's colbert vector; the stage answers the dense, sparse and multi-vector
+# outputs from them, each request those it asks for.
+TOKEN_WEIGHTS = "token_weights"
+HYBRID_GRAPH_OUTPUTS = ("embedding", TOKEN_WEIGHTS, TOKEN_VECTORS)
+HYBRID_HEADS_FILE = "hybrid_heads.npz"  # BGE-M3's sparse_linear and colbert_linear (weights, biases), for torch
 
 
 @dataclass(frozen=True)
 class ServingSpec:
     """What `export` recorded about the model: task, pooling and output layout."""
 
-    task: str  # embedding | classification | rerank | sparse | multi_vector
+    task: str  # embedding | classification | rerank | sparse | multi_vector | hybrid (dense, sparse and multi-vector)
     pooling: str  # mean | cls | max | mean_sqrt_len (embedding only; sparse: max, SpladePooling's strategy)
     normalize: bool  # L2-normalize pooled embeddings
     hidden_size: int
-    output_size: int  # embedding width, number of labels, (sparse) the vocabulary, (multi_vector) the projection
+    # embedding width (hybrid: its dense vector's), number of labels, (sparse) the vocabulary, (multi_vector) the
+    # projection
+    output_size: int
     labels: tuple[str, ...]  # classification labels by class index
     max_tokens: int
     pad_token_id: int
@@ -56,6 +64,9 @@ class ServingSpec:
     activation: str = "relu"
     # multi_vector: how MultiVectorEncoder prepares each side (export/multi_vector_export.py MultiVectorSpec's fields).
     multi_vector: dict | None = None
+    # hybrid: colbert_size (its token vectors' width) and unused_ids (the tokens without a lexical weight: BGE-M3's
+    # cls, eos, pad and unk); its multi_vector is both sides alike, every token but the first keeping a vector.
+    hybrid: dict | None = None
 
     @classmethod
     def load(cls, model_dir: Path) -> ServingSpec:
@@ -72,6 +83,11 @@ class ServingSpec:
         # A multi-vector graph gives every token's projected (and normalized) vector.
         names = {"embedding": "embedding", "sparse": "token_states", "multi_vector": "token_vectors"}
         return names.get(self.task, "logits")
+
+    @property
+    def graph_outputs(self) -> tuple[str, ...]:
+        """What the exported graph answers: a hybrid model's three, one output for the others."""
+        return HYBRID_GRAPH_OUTPUTS if self.task == "hybrid" else (self.output_name,)
 
     @property
     def pairs(self) -> bool:

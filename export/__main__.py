@@ -16,6 +16,7 @@ from common.hf_tokenizer import load_tokenizer
 from export import sha256
 from export.calibration import write_calibration
 from export.checkpoint import CheckpointError, Pooling, load_model, open_checkpoint, read_pooling, write_tokenizer
+from export.hybrid_export import HybridStates, hybrid_spec, read_hybrid, save_heads, validate_hybrid
 from export.multi_vector_export import MultiVectorStates, read_multi_vector, save_projection, validate_multi_vector
 from export.onnx_export import VALIDATION_SENTENCES, ServingModule, export_onnx, validate
 from export.sparse_export import SparseStates, save_head, sparse_activation, validate_sparse
@@ -47,14 +48,22 @@ def export(
             f"{checkpoint.config.model_type} checkpoint's positions take: set model.max_tokens to at most that"
         )
     model = load_model(checkpoint, task)
-    # A multi-vector checkpoint pools nothing: its modules are read by read_multi_vector.
-    pooling = Pooling("mean", normalize=False) if task == "multi_vector" else read_pooling(checkpoint.folder)
+    # A multi-vector checkpoint pools nothing: its modules are read by read_multi_vector. BGE-M3's dense vector is
+    # its first token's, normalized, whatever modules.json says (BGEM3FlagModel's).
+    pooling = {
+        "multi_vector": Pooling("mean", normalize=False),
+        "hybrid": Pooling("cls", normalize=True),
+    }.get(task) or read_pooling(checkpoint.folder)
     has_modules = checkpoint.folder is not None and (checkpoint.folder / "modules.json").is_file()
     activation = sparse_activation(task, pooling, has_modules, checkpoint.config.model_type)
     config = model.config
     multi_vector = task == "multi_vector"
     if multi_vector:
         side_spec, projection = read_multi_vector(checkpoint, config.hidden_size, max_tokens)
+    hybrid = task == "hybrid"
+    if hybrid:
+        heads = read_hybrid(checkpoint, config.hidden_size)
+        side_spec, hybrid_fields = hybrid_spec(checkpoint, heads, max_tokens)
     labels = tuple(config.id2label[i] for i in range(config.num_labels)) if task == "classification" else ()
     spec = ServingSpec(
         task=task,
@@ -67,13 +76,15 @@ def export(
             "rerank": 1,
             "sparse": config.vocab_size,
             "multi_vector": projection.weight.shape[0] if multi_vector else 0,
+            "hybrid": config.hidden_size,
         }[task],
         labels=labels,
         max_tokens=max_tokens,
         pad_token_id=config.pad_token_id or 0,
         token_types=checkpoint.reads_token_types,
         activation=activation or "relu",
-        multi_vector=side_spec.as_dict() if multi_vector else None,
+        multi_vector=side_spec.as_dict() if multi_vector or hybrid else None,
+        hybrid=hybrid_fields if hybrid else None,
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
@@ -83,20 +94,25 @@ def export(
     spec.save(out_dir)
     if multi_vector:
         save_projection(projection, out_dir)
+    if hybrid:
+        save_heads(heads, out_dir)
     report = {"source": source, "model_type": config.model_type, "task": task}
     sparse = task == "sparse"
     if sparse:
         module = SparseStates(model)
     elif multi_vector:
         module = MultiVectorStates(model, projection)
+    elif hybrid:
+        module = HybridStates(model, heads)
     else:
         module = ServingModule(model, task, pooling, spec.token_types)
     module.eval()
 
     def finish() -> dict:
         """An embedder's calibration (the ranges the API front quantizes int8/uint8 by), once the export holds."""
-        if task == "embedding":
-            calibrated = write_calibration(module, out_dir, max_tokens, spec.pad_token_id, calibration_corpus)
+        if task in ("embedding", "hybrid"):
+            embed = module.dense if hybrid else module
+            calibrated = write_calibration(embed, out_dir, max_tokens, spec.pad_token_id, calibration_corpus)
             report["calibration"] = calibrated
         report["seconds"] = round(time.perf_counter() - started, 1)
         (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
@@ -121,6 +137,8 @@ def export(
         deviation = validate_sparse(model, partial, out_dir, sequences, spec)
     elif multi_vector:
         deviation = validate_multi_vector(module, partial, sequences, spec)
+    elif hybrid:
+        deviation = validate_hybrid(module, partial, sequences, spec)
     else:
         deviation = validate(module, partial, sequences, spec.pad_token_id, types)
     report |= {

@@ -11,6 +11,7 @@ export's validation sentences and the load test's corpus.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ import torch.nn.functional as F
 from common.contract import CALIBRATION_FILE
 from common.hf_tokenizer import load_tokenizer
 from common.padding import pad_sequences
-from export.onnx_export import VALIDATION_SENTENCES, ServingModule
+from export.onnx_export import VALIDATION_SENTENCES
 from settings import ROOT, SettingsError
 
 SHIPPED_CORPUS = (VALIDATION_SENTENCES, ROOT / "loadtest" / "corpus.txt")
@@ -44,7 +45,7 @@ def corpus_texts(corpus: Path | None = None) -> list[str]:
     return [lines[i] for i in picked]
 
 
-def unit_embeddings(module: ServingModule, sequences: list[np.ndarray], pad_id: int) -> np.ndarray:
+def unit_embeddings(module: Callable[..., torch.Tensor], sequences: list[np.ndarray], pad_id: int) -> np.ndarray:
     """The module's pooled rows, L2-normalized, in order of length (the ranges need no other order)."""
     rows = []
     with torch.inference_mode():
@@ -54,7 +55,9 @@ def unit_embeddings(module: ServingModule, sequences: list[np.ndarray], pad_id: 
     return np.concatenate(rows)
 
 
-def write_calibration(module: ServingModule, out_dir: Path, max_tokens: int, pad_id: int, corpus: Path | None) -> dict:
+def write_calibration(
+    module: Callable[..., torch.Tensor], out_dir: Path, max_tokens: int, pad_id: int, corpus: Path | None
+) -> dict:
     """calibration.npy in out_dir (whose tokenizer.json is the model's); what the export report says of it."""
     texts = corpus_texts(corpus)
     tokenizer = load_tokenizer(out_dir / "tokenizer.json", max_tokens)

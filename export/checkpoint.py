@@ -189,7 +189,7 @@ def load_model(checkpoint: Checkpoint, task: str, seed: int = 0) -> PreTrainedMo
     """The fp32 PyTorch reference model, eager attention: AutoModel for embeddings, the family's
     ...ForSequenceClassification for labels and for a reranker (a cross-encoder: pairs in, the first logit its
     score), ...ForMaskedLM for sparse vectors."""
-    auto = {"embedding": AutoModel, "multi_vector": AutoModel, "sparse": AutoModelForMaskedLM}.get(
+    auto = {"embedding": AutoModel, "multi_vector": AutoModel, "hybrid": AutoModel, "sparse": AutoModelForMaskedLM}.get(
         task, AutoModelForSequenceClassification
     )
     if checkpoint.folder is not None:

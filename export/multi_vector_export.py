@@ -184,8 +184,8 @@ def _spec(prompts: dict, expansion: dict | None, transformer: dict, skiplist: li
 
 
 def save_projection(projection: Projection, out_dir: Path) -> None:
-    """The projection for the torch engine (onnxruntime_cpu's graph holds it)."""
-    arrays = {"weight": projection.weight}
+    """The projection for the torch engine (onnxruntime_cpu's graph holds it), and whether it is normalized."""
+    arrays = {"weight": projection.weight, "normalize": np.array(projection.normalize)}
     if projection.bias is not None:
         arrays["bias"] = projection.bias
     np.savez(out_dir / PROJECTION_FILE, **arrays)

@@ -12,12 +12,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.contract import TOKEN_TYPES, ServingSpec
+from common.contract import TOKEN_TYPES, TOKEN_VECTORS, TOKEN_WEIGHTS, ServingSpec
 from common.padding import pad_sequences
 from export.checkpoint import Pooling
 from model_repository.stages.engines.models import architecture
 
-PER_TOKEN = ("sparse", "multi_vector")  # tasks whose graph answers every token
+PER_TOKEN = ("token_states", TOKEN_WEIGHTS, TOKEN_VECTORS)  # graph outputs of a row per token
 VALIDATION_SENTENCES = Path(__file__).with_name("validation_sentences.txt")
 
 
@@ -75,7 +75,8 @@ def export_onnx(module: ServingModule, path: Path, spec: ServingSpec, opset: int
     types = torch.tensor([[0, 0, 1, 1], [0, 0, 1, 0]], dtype=torch.int32)
     example = (ids, mask, types) if TOKEN_TYPES in spec.engine_inputs else (ids, mask)
     names = list(spec.engine_inputs)
-    axes = {name: {0: "batch", 1: "sequence"} for name in names}
+    per_token = {0: "batch", 1: "sequence"}
+    axes = {name: per_token for name in names}
     # The tracer warns about shape-dependent Python branches in transformers' masking code; validate()
     # runs the exported graph on other batch and sequence sizes, which is the check that matters.
     with torch.no_grad(), warnings.catch_warnings():
@@ -86,9 +87,13 @@ def export_onnx(module: ServingModule, path: Path, spec: ServingSpec, opset: int
             example,
             str(path),
             input_names=names,
-            output_names=[spec.output_name],
-            # A sparse or multi-vector graph gives a row per token, the others a row per sequence.
-            dynamic_axes={**axes, spec.output_name: axes[names[0]] if spec.task in PER_TOKEN else {0: "batch"}},
+            output_names=list(spec.graph_outputs),
+            # A sparse or multi-vector graph gives a row per token (a hybrid one: its dense vectors a row per
+            # sequence, the rest a row per token), the others a row per sequence.
+            dynamic_axes={
+                **axes,
+                **{name: per_token if name in PER_TOKEN else {0: "batch"} for name in spec.graph_outputs},
+            },
             opset_version=opset,
             dynamo=False,
         )

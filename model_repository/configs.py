@@ -6,7 +6,9 @@ from __future__ import annotations
 from tritonclient.grpc import model_config_pb2 as mc
 
 from common.contract import (
+    HYBRID_HEADS_FILE,
     OPTION_PREFIX,
+    PROJECTION_FILE,
     QUERY_INPUT,
     SCORE_OUTPUT,
     SPARSE_HEAD_FILE,
@@ -39,10 +41,19 @@ ENGINE_FILES = {
 }
 
 
+# The heads an engine applies itself, by (task, a file of the engine's): the MLM decoder a sparse model's ONNX
+# graph is projected with; a multi-vector model's projection and a hybrid model's heads on the torch engine.
+TASK_FILES = {
+    ("sparse", "model.onnx"): SPARSE_HEAD_FILE,
+    ("multi_vector", "model.safetensors"): PROJECTION_FILE,
+    ("hybrid", "model.safetensors"): HYBRID_HEADS_FILE,
+}
+
+
 def engine_files(kind: str, spec: ServingSpec) -> tuple[str, ...]:
-    """ENGINE_FILES of the kind; a sparse model's ONNX graph also needs the MLM decoder it is projected with."""
+    """ENGINE_FILES of the kind, and the heads of the task that its engine reads beside them (TASK_FILES)."""
     files = ENGINE_FILES[kind]
-    return (*files, SPARSE_HEAD_FILE) if spec.task == "sparse" and "model.onnx" in files else files
+    return (*files, *(name for (task, marker), name in TASK_FILES.items() if task == spec.task and marker in files))
 
 
 def _tensor(cls, name: str, data_type: int, dims: list[int], **extra):
@@ -162,30 +173,35 @@ def _task_outputs(spec: ServingSpec) -> list[mc.ModelOutput]:
     tokens = _tensor(mc.ModelOutput, TOKENS_OUTPUT, mc.TYPE_INT32, [1])
     if spec.pairs:
         return [_tensor(mc.ModelOutput, SCORE_OUTPUT, mc.TYPE_FP32, [1]), tokens]
-    if spec.task == "sparse":  # per request [texts, its most non-zero entries], padded (common/contract.py)
-        return [
-            _tensor(mc.ModelOutput, SPARSE_INDICES, mc.TYPE_INT32, [-1]),
-            _tensor(mc.ModelOutput, SPARSE_VALUES, mc.TYPE_FP32, [-1]),
-            tokens,
-        ]
-    if spec.task == "multi_vector":  # per request [texts, its most kept tokens, dim], zero-padded
-        return [
-            _tensor(mc.ModelOutput, TOKEN_VECTORS, mc.TYPE_FP32, [-1, spec.output_size]),
-            _tensor(mc.ModelOutput, TOKEN_COUNTS, mc.TYPE_INT32, [1]),
-            tokens,
-        ]
+    sparse = [  # per request [texts, its most non-zero entries], padded (common/contract.py)
+        _tensor(mc.ModelOutput, SPARSE_INDICES, mc.TYPE_INT32, [-1]),
+        _tensor(mc.ModelOutput, SPARSE_VALUES, mc.TYPE_FP32, [-1]),
+    ]
+    if spec.task == "sparse":
+        return [*sparse, tokens]
+    multi_vector = [  # per request [texts, its most kept tokens, dim], zero-padded
+        _tensor(
+            mc.ModelOutput, TOKEN_VECTORS, mc.TYPE_FP32, [-1, (spec.hybrid or {}).get("colbert_size", spec.output_size)]
+        ),
+        _tensor(mc.ModelOutput, TOKEN_COUNTS, mc.TYPE_INT32, [1]),
+    ]
+    if spec.task == "multi_vector":
+        return [*multi_vector, tokens]
     if spec.task == "classification":
         return [
             _tensor(mc.ModelOutput, "label", mc.TYPE_STRING, [1]),
             _tensor(mc.ModelOutput, "scores", mc.TYPE_FP32, [spec.output_size]),
             tokens,
         ]
-    return [_tensor(mc.ModelOutput, "embedding", mc.TYPE_FP32, [spec.output_size]), tokens]
+    dense = _tensor(mc.ModelOutput, "embedding", mc.TYPE_FP32, [spec.output_size])
+    if spec.task == "hybrid":  # each request gets those it asks for
+        return [dense, *sparse, *multi_vector, tokens]
+    return [dense, tokens]
 
 
 def _sparse(settings: Settings) -> dict[str, object]:
     """A sparse model's defaults for what each text's answer keeps (a request's parameters override them)."""
-    if settings.model.task != "sparse":
+    if settings.model.task not in ("sparse", "hybrid"):
         return {}
     return {SPARSE_TOP_K: settings.sparse.top_k, SPARSE_THRESHOLD: settings.sparse.threshold}
 

@@ -109,7 +109,7 @@ def _check_sparse(settings: Settings) -> None:
         raise SettingsError("sparse.top_k must be an integer >= 0 (0: every entry)")
     if isinstance(sparse.threshold, bool) or not isinstance(sparse.threshold, int | float) or sparse.threshold < 0:
         raise SettingsError("sparse.threshold must be a number >= 0 (0: every non-zero entry)")
-    for task in ("sparse", "multi_vector"):
+    for task in ("sparse", "multi_vector", "hybrid"):
         if settings.model.task == task and settings.topology != "one_stage":
             raise SettingsError(f'model.task {task} is served by the one-stage model: ensemble.topology "one_stage"')
 

@@ -16,8 +16,9 @@ ROOT = Path(__file__).resolve().parent.parent  # the project: build_dir and sett
 # embedding: pooled vectors; classification: a label and its scores; rerank: a cross-encoder's score for each
 # (query, text) pair (the first logit of its sequence-classification head); sparse: each text's non-zero
 # vocabulary weights (SPLADE: a masked-LM checkpoint with SpladePooling); multi_vector: each text's token vectors
-# (ColBERT: a MultiVectorEncoder checkpoint).
-TASKS = ("embedding", "classification", "rerank", "sparse", "multi_vector")
+# (ColBERT: a MultiVectorEncoder checkpoint); hybrid: all three from one pass (BGE-M3: its sparse and colbert heads
+# beside the weights).
+TASKS = ("embedding", "classification", "rerank", "sparse", "multi_vector", "hybrid")
 # The Python engines (model_repository/stages/engines ENGINES), tensorrt, a plan served by Triton's TensorRT
 # backend, and auto, which the stage decides when it loads (common/engine_choice.py). torch runs on the GPUs of
 # encoder.gpus, or on the CPU without them.

@@ -176,3 +176,15 @@ def make_multi_vector_checkpoint(
     prompts = {"query": "[unused0] ", "document": "[unused1] "}
     MultiVectorEncoder(modules=modules, prompts=prompts, device="cpu").save(str(path))
     return path
+
+
+def make_hybrid_checkpoint(path: Path, *, seed: int = 0) -> Path:
+    """A BGE-M3 checkpoint in path, laid out as BAAI/bge-m3's: tiny random XLM-RoBERTa weights with a trained
+    Unigram tokenizer, its CLS embedder modules, and beside them FlagEmbedding's two heads, sparse_linear.pt
+    (hidden -> 1) and colbert_linear.pt (hidden -> hidden), as torch.save'd state dicts. The folder."""
+    make_checkpoint(path, "xlm-roberta", "embedding", pooling="cls", seed=seed)
+    hidden = ROBERTA["hidden_size"]
+    torch.manual_seed(seed + 1)
+    for name, width in (("sparse_linear.pt", 1), ("colbert_linear.pt", hidden)):
+        torch.save(torch.nn.Linear(hidden, width).state_dict(), path / name)
+    return path

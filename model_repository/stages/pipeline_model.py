@@ -1,7 +1,7 @@
 """The one-stage Triton model, served as `ensemble` (or the model's name): text -> embedding, or label and scores,
 or a reranker's (query, text) -> score, or a sparse model's non-zero entries (sparse_output.py), or a multi-vector
 model's token vectors (multi_vector_output.py: the requests of each side together, since a side decides how its
-texts are tokenized), in one stub.
+texts are tokenized), or of a hybrid model's three the ones each request asks for (hybrid_output.py), in one stub.
 
 The whole data path of a dynamic batch in one execute(): every text of every request is tokenized in one
 call (text_tokenizer.TextTokenizer: packed ids, no padding), the engine runs those packed ids at once, and
@@ -25,6 +25,7 @@ import triton_python_backend_utils as pb_utils
 from common.contract import QUERY_INPUT, SCORE_OUTPUT, TEXT_INPUT, TOKENS_OUTPUT
 
 from .classification import label_array, scores_and_labels
+from .hybrid_output import HybridOutput
 from .model_args import engine_from_args, instance_count, model_config
 from .multi_vector_output import MultiVectorSides, answer
 from .parent_watch import exit_with_parent
@@ -43,6 +44,7 @@ class TritonPythonModel:
         self.labels = label_array(spec.labels) if spec.task == "classification" else None
         self.pairs = spec.pairs
         self.sparse = SparseOutput(params) if spec.task == "sparse" else None
+        self.hybrid = HybridOutput(params, spec.hybrid) if spec.task == "hybrid" else None
         multi = spec.task == "multi_vector"
         self.sides = MultiVectorSides(version_dir / "tokenizer.json", spec.multi_vector) if multi else None
         self._create_metrics(args, int(config["max_batch_size"]))
@@ -65,12 +67,21 @@ class TritonPythonModel:
         if self.labels is not None and len(lengths):
             outputs = scores_and_labels(outputs, self.labels)
         tokens = lengths.astype(np.int32).reshape(-1, 1)
+        token_ends = np.concatenate([[0], np.cumsum(lengths)])
         responses = []
         for request, part in zip(requests, parts, strict=True):
             if isinstance(part, str):
                 responses.append(refused(part))
                 continue
-            if self.sparse is not None:
+            if self.hybrid is not None:
+                own_tokens = slice(token_ends[part.start], token_ends[part.stop])
+                try:
+                    chosen = self.hybrid.tensors(outputs, ids, lengths, part, own_tokens, request)
+                except ValueError as exc:
+                    responses.append(refused(str(exc)))
+                    continue
+                tensors = [pb_utils.Tensor(name, array) for name, array in chosen.items()]
+            elif self.sparse is not None:
                 try:
                     cut = self.sparse.tensors(outputs[part], request.parameters())
                 except ValueError as exc:

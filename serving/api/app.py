@@ -9,6 +9,7 @@ Routes (one aiohttp process; the launcher runs api.workers of them on api.port),
                                 GET /info
     Cohere (routes_cohere.py)   POST /v2/rerank, /v1/rerank, /v2/embed, /v1/embed
     ColBERT (routes_multi_vector.py) POST /embed_all (TEI's), /colbert/score
+    BGE-M3 (routes_hybrid.py)   POST /encode (BGEM3FlagModel.encode's outputs, those asked, from one pass)
     everyone                    GET /health (the launcher's /ready), /metrics (the server's metrics port)
 
 OpenAI's and Cohere's requests name their model (models.py: 404 naming the served ones); TEI's go to the first
@@ -36,7 +37,7 @@ import aiohttp
 from aiohttp import web
 
 from protocol.api_key import HEADER, accepted
-from serving.api import routes_cohere, routes_multi_vector, routes_openai, routes_tei
+from serving.api import routes_cohere, routes_hybrid, routes_multi_vector, routes_openai, routes_tei
 from serving.api.cors import PREFLIGHT, cors_headers, is_preflight
 from serving.api.models import Models
 from serving.api.request_context import CURRENT, RequestContext
@@ -134,7 +135,7 @@ def make_app(api: Api) -> web.Application:
     app = web.Application(middlewares=[guard], client_max_size=api.deployment.api.max_body_bytes)
     app[API] = api
     app.cleanup_ctx.append(api.start)
-    for routes in (routes_openai, routes_tei, routes_multi_vector, routes_cohere):
+    for routes in (routes_openai, routes_tei, routes_multi_vector, routes_hybrid, routes_cohere):
         routes.add_routes(app.router)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)

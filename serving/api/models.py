@@ -24,6 +24,7 @@ NOUNS = {
     "rerank": "a reranker",
     "sparse": "a sparse embedding model",
     "multi_vector": "a multi-vector (ColBERT) model",
+    "hybrid": "a hybrid (BGE-M3) model",
 }
 ROUTES = {
     "embedding": "POST /v1/embeddings, /v2/embed or /embed",
@@ -31,7 +32,9 @@ ROUTES = {
     "rerank": "POST /rerank or /v2/rerank",
     "sparse": "POST /embed_sparse",
     "multi_vector": "POST /embed_all or /colbert/score",
+    "hybrid": "POST /encode, /v1/embeddings, /embed_sparse or /embed_all",
 }
+HYBRID_SERVES = ("embedding", "sparse", "multi_vector")  # a hybrid model's outputs: the routes of these tasks take it
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,10 @@ class ServedModel:
             )
             raise ApiError(400, message, param)
         return self.calibration.ranges(dimensions or self.spec.output_size)
+
+    def serves(self, task: str) -> bool:
+        """Whether the routes of the task take this model: its own task's, and a hybrid model's three."""
+        return task == self.task or (self.task == "hybrid" and task in HYBRID_SERVES)
 
     def refuse_task(self, wanted: str) -> ApiError:
         message = f"{self.name} is {NOUNS[self.task]}, not {NOUNS[wanted]}: use {ROUTES[self.task]}"
@@ -121,13 +128,13 @@ class Models:
             raise ApiError(
                 404, f"the model {name!r} does not exist; this server serves {served}", param, "model_not_found"
             )
-        if found.task != task:
+        if not found.serves(task):
             raise found.refuse_task(task)
         return found
 
     def for_task(self, task: str) -> ServedModel:
         """The first model of the task (TEI's routes name no model); 400 naming what is served instead."""
-        found = next((model for model in self.all if model.task == task), None)
+        found = next((model for model in self.all if model.serves(task)), None)
         if found is None:
             if len(self.all) == 1:
                 raise self.first.refuse_task(task)

@@ -231,10 +231,10 @@ async def info(request: web.Request) -> web.Response:
 
 async def root(request: web.Request) -> web.Response:
     """POST /, as TEI answers it: the first model's task decides (embed, predict, rerank, embed_sparse,
-    embed_all)."""
+    embed_all; a hybrid model's dense vectors, embed)."""
     handlers = {
         "embedding": embed, "classification": predict, "rerank": rerank, "sparse": embed_sparse,
-        "multi_vector": embed_all,
+        "multi_vector": embed_all, "hybrid": embed,
     }  # fmt: skip
     handler = handlers[api_of(request).models.first.task]
     return await handler(request)

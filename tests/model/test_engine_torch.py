@@ -188,7 +188,7 @@ def test_engine_imports_no_transformers():
         elif isinstance(node, ast.ImportFrom) and node.module:
             imported.add(node.module.split(".")[0])
     allowed = {"__future__", "json", "logging", "math", "os", "pathlib", "time", "numpy", "torch", "safetensors"}
-    allowed |= {"dataclasses", "typing", "importlib", "base", "sparse", "models", "triton"} | own
+    allowed |= {"dataclasses", "typing", "importlib", "base", "sparse", "hybrid", "models", "triton"} | own
     allowed |= {"common"}  # the base layer, copied beside the stages
     assert imported <= allowed, f"unexpected imports: {sorted(imported - allowed)}"
 

@@ -6,19 +6,26 @@ encode_query / encode_document give, which score as the reference's MaxSim."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
+import os
+import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from common.contract import TOKEN_COUNTS, TOKEN_VECTORS
+from common.contract import PROJECTION_FILE, TOKEN_COUNTS, TOKEN_VECTORS
 from export.__main__ import export
 from export.onnx_export import VALIDATION_SENTENCES
 from model_repository.stages.engines import load_engine
+from model_repository.stages.engines.torch_engine import key_lengths
 from model_repository.stages.multi_vector_output import MultiVectorSides, answer
 from tests.checkpoints import MAX_TOKENS, make_multi_vector_checkpoint
+from tests.model.test_engine_torch import ROOT, _variant_id, gpu
 from tests.model.test_stage_execute import assert_served_as_alone, loaded_stage
 
 sentence_transformers = pytest.importorskip("sentence_transformers")
@@ -83,9 +90,10 @@ def _spec(multi_vector: MultiVector) -> dict:
     return json.loads((multi_vector.export_dir / "serving.json").read_text())["multi_vector"]
 
 
-def _served(multi_vector: MultiVector, texts: list[str], side: str) -> list[np.ndarray]:
+def _served(multi_vector: MultiVector, texts: list[str], side: str, engine=None) -> list[np.ndarray]:
+    """Each text's kept token vectors from the engine (default: onnxruntime_cpu's)."""
     sides = MultiVectorSides(multi_vector.export_dir / "tokenizer.json", _spec(multi_vector))
-    engine = load_engine("onnxruntime_cpu", multi_vector.export_dir, options={"threads": "2"})
+    engine = engine or load_engine("onnxruntime_cpu", multi_vector.export_dir, options={"threads": "2"})
     ids, lengths, attended, kept = sides.encode(texts, side)
     out = answer(engine.forward_packed(ids, lengths, attended), lengths, kept)
     return [vectors[:count] for vectors, (count,) in zip(out[TOKEN_VECTORS], out[TOKEN_COUNTS], strict=True)]
@@ -129,13 +137,16 @@ class Request(dict):
         return self._parameters
 
 
-def test_one_execute_runs_each_sides_requests_together_as_each_alone(multi_vector, settings, monkeypatch, tmp_path):
+@pytest.mark.parametrize("kind", ["onnxruntime_cpu", "torch"])
+def test_one_execute_runs_each_sides_requests_together_as_each_alone(multi_vector, settings, monkeypatch, tmp_path,
+                                                                     kind):  # fmt: skip
     """Queries and documents in one dynamic batch, with a request whose side is refused between them: one engine
-    call per side, each request gets what it gets alone, the refused one INVALID_ARG naming input_type."""
+    call per side, each request gets what it gets alone, the refused one INVALID_ARG naming input_type. On a
+    repository generated for either engine (the torch one reads projection.npz beside the weights)."""
     chosen = dataclasses.replace(
         settings,
         model=dataclasses.replace(settings.model, task="multi_vector", max_tokens=MAX_TOKENS),
-        engine=dataclasses.replace(settings.engine, kind="onnxruntime_cpu"),
+        engine=dataclasses.replace(settings.engine, kind=kind, precision="fp32"),
     )
     stage = loaded_stage(monkeypatch, chosen, multi_vector.export_dir, tmp_path / "repo", "pipeline_model")
     requests = [
@@ -152,4 +163,101 @@ def test_one_execute_runs_each_sides_requests_together_as_each_alone(multi_vecto
     alone = [stage.execute([request])[0] for request in requests]
     stage.finalize()
     assert "input_type" in together[2].error.message and not together[2].outputs
-    assert_served_as_alone(together[:2] + together[3:], alone[:2] + alone[3:])
+    assert_served_as_alone(together[:2] + together[3:], alone[:2] + alone[3:], 1e-5 if kind == "torch" else 0.0)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The torch engine: a query's unattended expansion as each sequence's key length (torch_attention.py)
+# ----------------------------------------------------------------------------------------------------------
+def _cosines(served: list[np.ndarray], expected: list[np.ndarray]) -> float:
+    """The lowest cosine of a token's vector to its expected one, after checking each text keeps as many."""
+    assert [len(rows) for rows in served] == [len(rows) for rows in expected]
+    a, b = np.concatenate(served), np.concatenate(expected)
+    return float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
+
+
+@pytest.mark.parametrize("side", ["query", "document"])
+@pytest.mark.parametrize("parts", [1024, 48], ids=["one-call", "token-parts"])
+def test_torch_gives_onnxruntimes_and_the_reference_token_vectors(multi_vector, side, parts):
+    """The torch engine on the CPU (fp32, the grid attention's key mask), in one call and in length-sorted parts:
+    per text the vectors onnxruntime_cpu and encode_query / encode_document give, each at cosine >= 0.9999."""
+    texts = QUERIES if side == "query" else documents()
+    encode = multi_vector.reference.encode_query if side == "query" else multi_vector.reference.encode_document
+    engine = load_engine("torch", multi_vector.export_dir, options={"precision": "fp32", "cpu_tokens_per_call": parts})
+    served = _served(multi_vector, texts, side, engine)
+    assert _cosines(served, _served(multi_vector, texts, side)) >= 0.9999
+    assert _cosines(served, list(encode(texts, convert_to_numpy=True))) >= 0.9999
+    np.testing.assert_allclose(np.linalg.norm(np.concatenate(served), axis=1), 1.0, atol=1e-5)
+
+
+def test_torch_projects_without_normalizing_where_the_projection_says_so(multi_vector, tmp_path):
+    """A projection file with normalize false (a checkpoint without Normalize): the same directions, not at unit
+    length; the export records the flag (true here)."""
+    for name in ("config.json", "model.safetensors", "serving.json"):
+        shutil.copyfile(multi_vector.export_dir / name, tmp_path / name)
+    with np.load(multi_vector.export_dir / PROJECTION_FILE) as arrays:
+        assert bool(arrays["normalize"])
+        np.savez(tmp_path / PROJECTION_FILE, **{**arrays, "normalize": np.array(False)})
+    sides = MultiVectorSides(multi_vector.export_dir / "tokenizer.json", _spec(multi_vector))
+    ids, lengths, attended, _ = sides.encode(QUERIES, "query")
+    unit = load_engine("torch", multi_vector.export_dir).forward_packed(ids, lengths, attended)
+    raw = load_engine("torch", tmp_path).forward_packed(ids, lengths, attended)
+    norms = np.linalg.norm(raw, axis=1, keepdims=True)
+    assert np.abs(norms - 1).max() > 0.01
+    np.testing.assert_allclose(raw / norms, unit, atol=1e-5)
+
+
+def test_unattended_tokens_must_end_their_sequence():
+    lengths = np.array([3, 2])
+    np.testing.assert_array_equal(key_lengths(lengths, np.array([1, 1, 0, 1, 1])), [2, 2])
+    with pytest.raises(ValueError, match="last ones"):
+        key_lengths(lengths, np.array([1, 0, 1, 1, 1]))
+    with pytest.raises(ValueError, match="none of its tokens"):
+        key_lengths(lengths, np.array([1, 1, 1, 0, 0]))
+
+
+# Run in a process of its own: Triton picks its interpreter when the kernels are decorated, at import.
+INTERPRETED_KEYS = """
+import sys
+import numpy as np
+from model_repository.stages.engines import load_engine
+batch = np.load(sys.argv[2])
+rows = []
+for options in ({"kernels": "triton", "attention": "triton"}, {"kernels": "torch", "attention": "sdpa"}):
+    engine = load_engine("torch", sys.argv[1], "cpu", {"precision": "fp32", **options})
+    assert (engine.ops.kernels, engine.ops.attention) == (options["kernels"], options["attention"])
+    rows.append(engine.forward_packed(batch["ids"], batch["lengths"], batch["attended"]))
+np.save(sys.argv[3], np.stack(rows))
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs OpenAI Triton (the dev extras pin it)")
+def test_the_triton_kernels_key_lengths_under_the_interpreter(multi_vector, tmp_path):
+    """The GPU path's varlen kernel bounds each sequence's keys by its key length: under Triton's interpreter on
+    the CPU, the grid attention's token vectors (queries with their expansion, and documents in one batch)."""
+    sides = MultiVectorSides(multi_vector.export_dir / "tokenizer.json", _spec(multi_vector))
+    parts = [sides.encode(QUERIES, "query"), sides.encode(documents()[:4], "document")]
+    batch = {name: np.concatenate([part[index] for part in parts]) for index, name in
+             enumerate(("ids", "lengths", "attended"))}  # fmt: skip
+    np.savez(tmp_path / "batch.npz", **batch)
+    out = tmp_path / "rows.npy"
+    run = subprocess.run(
+        [sys.executable, "-c", INTERPRETED_KEYS, str(multi_vector.export_dir), str(tmp_path / "batch.npz"), str(out)],
+        cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    triton_rows, torch_rows = np.load(out)
+    np.testing.assert_allclose(triton_rows, torch_rows, atol=2e-5, rtol=0)
+
+
+@gpu
+@pytest.mark.parametrize("side", ["query", "document"])
+@pytest.mark.parametrize("variant", [{}, {"cuda_graphs": "false"}, {"attention": "sdpa"}], ids=_variant_id)
+def test_gpu_fp16_token_vectors(multi_vector, side, variant):
+    """fp16 on the GPU (the Triton kernel with its key lengths in a graph's static buffer, or eager, or the grid
+    SDPA), twice (a graph's capture, then its replay): onnxruntime_cpu's vectors at cosine >= 0.999."""
+    texts = QUERIES if side == "query" else documents()
+    expected = _served(multi_vector, texts, side)
+    engine = load_engine("torch", multi_vector.export_dir, "cuda", {"precision": "fp16", **variant})
+    for _ in range(2):
+        assert _cosines(_served(multi_vector, texts, side, engine), expected) >= 0.999

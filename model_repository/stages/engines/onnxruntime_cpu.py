@@ -8,6 +8,8 @@ A sparse model's graph stops at each token's MLM-transformed state (the export's
 projection and SpladePooling run here in numpy, a chunk of the vocabulary at a time (sparse.NumpySparseHead), so
 no [tokens x vocabulary] tensor is ever whole, in ONNX Runtime's arena or here. A multi-vector model's graph gives
 every token's projected vector, and the engine answers them packed (multi_vector_output.py picks the kept ones).
+A hybrid model's graph gives each text's dense vector and every token's lexical weight and colbert vector: the
+engine answers them as HybridRows, the tokens' packed.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from common.contract import TOKEN_TYPES
 from common.padding import pad_packed, plan_chunks
 
 from .base import Engine
+from .hybrid import HybridRows
 from .sparse import NumpySparseHead
 
 
@@ -39,8 +42,10 @@ class OnnxRuntimeCpuEngine(Engine):
     def forward_packed(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None):
         if self.spec.task == "multi_vector":
             return self._token_vectors(ids, lengths, types)
+        if self.spec.task == "hybrid":
+            return self._hybrid(ids, lengths)
         out = [None] * len(lengths) if self.head else np.empty((len(lengths), self.spec.output_size), np.float32)
-        for chunk, real, result in self._chunk_runs(ids, lengths, types):
+        for chunk, real, (result,) in self._chunk_runs(ids, lengths, types):
             if self.head is None:
                 out[chunk] = result
                 continue
@@ -53,16 +58,30 @@ class OnnxRuntimeCpuEngine(Engine):
         that a query's unattended expansion tokens are keys to none but still get their vector."""
         out = np.empty((len(ids), self.spec.output_size), np.float32)
         starts = np.cumsum(lengths) - lengths
-        for chunk, real, result in self._chunk_runs(ids, lengths, attended=attended):
-            places = starts[chunk][:, None] + np.arange(real.shape[1])[None, :]
-            out[places[real]] = result[real]
+        for chunk, real, (result,) in self._chunk_runs(ids, lengths, attended=attended):
+            out[self._places(starts, chunk, real)] = result[real]
         return out
+
+    def _hybrid(self, ids: np.ndarray, lengths: np.ndarray) -> HybridRows:
+        dense = np.empty((len(lengths), self.spec.output_size), np.float32)
+        weights = np.empty(len(ids), np.float32)
+        vectors = np.empty((len(ids), self.spec.hybrid["colbert_size"]), np.float32)
+        starts = np.cumsum(lengths) - lengths
+        for chunk, real, (rows, token_weights, token_vectors) in self._chunk_runs(ids, lengths):
+            places = self._places(starts, chunk, real)
+            dense[chunk], weights[places], vectors[places] = rows, token_weights[real], token_vectors[real]
+        return HybridRows(dense, weights, vectors)
+
+    @staticmethod
+    def _places(starts: np.ndarray, chunk: np.ndarray, real: np.ndarray) -> np.ndarray:
+        """Where the chunk's real tokens go in the packed layout, in the order real[real] reads them."""
+        return (starts[chunk][:, None] + np.arange(real.shape[1])[None, :])[real]
 
     def _chunk_runs(
         self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None, attended: np.ndarray | None = None
     ):
         """The graph run on each chunk of similar lengths (plan_chunks): (the chunk's rows, where its padded
-        tokens are real, the graph's output). attended: the attention mask per token in place of the real tokens'
+        tokens are real, the graph's outputs). attended: the attention mask per token in place of the real tokens'
         (a multi-vector query's expansion)."""
         starts = np.cumsum(lengths) - lengths
         order = np.argsort(lengths, kind="stable")
@@ -75,5 +94,4 @@ class OnnxRuntimeCpuEngine(Engine):
             if TOKEN_TYPES in self.spec.engine_inputs:
                 feeds[TOKEN_TYPES] = pad_packed(types, lengths[chunk], 0, starts=starts[chunk])[0]
             self.computed_tokens += padded.size
-            (result,) = self.session.run(None, feeds)
-            yield chunk, real.astype(bool), result
+            yield chunk, real.astype(bool), self.session.run(None, feeds)

@@ -4,6 +4,8 @@ any GPU the kernel cannot serve) runs. Both take what the architectures add to p
   bias    a per-head additive bias by relative position, [heads, 2 * positions - 1] fp32, read at
           (key - query) + positions - 1 (MPNet's bucketed relative positions, looked up once at load)
   window  keys further than this from the query are masked (ModernBERT's local layers); 0: none
+  keys    per sequence, how many of its first tokens are keys (a multi-vector query's unattended expansion, its
+          last tokens, gets a row but is a key to none); None: all of them
 
 The kernel runs on a grid of (query tiles, heads); the tile table (torch_layout.pack) lists (sequence, first
 query row) pairs, -1 for unused slots. QKV is the fused projection [T, 3 * HIDDEN] (q | k | v, heads contiguous
@@ -23,11 +25,11 @@ if HAVE_TRITON:
 
     @triton.jit
     def varlen_attn_kernel(
-        QKV, OUT, CU, TILE_SEQ, TILE_M, BIAS, qk_scale, stride_qkv, stride_o, bias_stride, bias_center,
+        QKV, OUT, CU, KEYS, TILE_SEQ, TILE_M, BIAS, qk_scale, stride_qkv, stride_o, bias_stride, bias_center,
         HIDDEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        HAS_BIAS: tl.constexpr, WINDOW: tl.constexpr,
+        HAS_BIAS: tl.constexpr, WINDOW: tl.constexpr, HAS_KEYS: tl.constexpr,
     ):  # fmt: skip
-        """One (query tile, head): softmax(Q K^T * scale + bias) V over its own sequence (and window)."""
+        """One (query tile, head): softmax(Q K^T * scale + bias) V over its own sequence's keys (and window)."""
         tile = tl.program_id(0)
         head = tl.program_id(1)
         seq = tl.load(TILE_SEQ + tile)
@@ -36,6 +38,9 @@ if HAVE_TRITON:
         m0 = tl.load(TILE_M + tile)
         start = tl.load(CU + seq)
         seqlen = tl.load(CU + seq + 1) - start
+        keylen = seqlen
+        if HAS_KEYS:  # a constexpr branch: without key lengths the kernel is the one it always was
+            keylen = tl.load(KEYS + seq)
         start = start.to(tl.int64)
         offs_m = m0 + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, HEAD_DIM)
@@ -47,13 +52,13 @@ if HAVE_TRITON:
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         lo = 0
-        hi = seqlen
+        hi = keylen
         if WINDOW > 0:  # only the key blocks some query of this tile can see
             lo = tl.maximum(m0 - WINDOW, 0) // BLOCK_N * BLOCK_N
-            hi = tl.minimum(m0 + BLOCK_M + WINDOW, seqlen)
+            hi = tl.minimum(m0 + BLOCK_M + WINDOW, keylen)
         for n0 in range(lo, hi, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
-            mask_n = offs_n < seqlen
+            mask_n = offs_n < keylen
             rows = (start + offs_n)[:, None] * stride_qkv + col
             k = tl.load(QKV + HIDDEN + rows, mask=mask_n[:, None], other=0.0)
             v = tl.load(QKV + 2 * HIDDEN + rows, mask=mask_n[:, None], other=0.0)
@@ -80,22 +85,23 @@ else:
     varlen_attn_kernel = None
 
 
-def kernel_attention(qkv, out, cu, tiles, heads: int, scale: float, bias, window: int, launch: tuple) -> None:
-    """Runs the Triton kernel: launch is (BLOCK_M, BLOCK_N, warps, stages)."""
+def kernel_attention(qkv, out, cu, tiles, heads: int, scale: float, bias, window: int, launch: tuple, keys) -> None:
+    """Runs the Triton kernel: launch is (BLOCK_M, BLOCK_N, warps, stages); keys: int32 key lengths or None."""
     block_m, block_n, warps, stages = launch
     tile_seq, tile_m = tiles
     hidden = out.shape[1]
     varlen_attn_kernel[(tile_seq.shape[0], heads)](
-        qkv, out, cu, tile_seq, tile_m, qkv if bias is None else bias, scale * LOG2E, qkv.stride(0), out.stride(0),
+        qkv, out, cu, cu if keys is None else keys, tile_seq, tile_m, qkv if bias is None else bias, scale * LOG2E,
+        qkv.stride(0), out.stride(0),
         0 if bias is None else bias.stride(0), 0 if bias is None else (bias.shape[1] - 1) // 2,
         HIDDEN=hidden, HEAD_DIM=hidden // heads, BLOCK_M=block_m, BLOCK_N=block_n,
-        HAS_BIAS=bias is not None, WINDOW=window, num_warps=warps, num_stages=stages,
+        HAS_BIAS=bias is not None, WINDOW=window, HAS_KEYS=keys is not None, num_warps=warps, num_stages=stages,
     )  # fmt: skip
 
 
 def grid_mask(real: torch.Tensor, bias: torch.Tensor | None, window: int) -> torch.Tensor:
     """The SDPA mask of a padded grid [rows, width] whose row r, slot j is token j of a sequence (real: which
-    slots hold one): bool [rows, 1, 1, width] without bias or window, else [rows, heads or 1, width, width]
+    slots hold a key): bool [rows, 1, 1, width] without bias or window, else [rows, heads or 1, width, width]
     (float with the bias). A query slot sees its sequence's real keys within the window."""
     width = real.shape[1]
     keys = real[:, None, None, :]
@@ -120,7 +126,8 @@ def with_zero_row(qkv: torch.Tensor) -> torch.Tensor:
 
 def grid_attention(padded, gather, real, heads: int, scale: float, bias, window: int) -> torch.Tensor:
     """softmax(Q K^T * scale + bias) V of the packed rows gathered into a padded grid (padded: with_zero_row of
-    the packed QKV; gather: the row of each slot): [rows * width, hidden], padding slots included."""
+    the packed QKV; gather: the row of each slot; real: which slots are keys): [rows * width, hidden], padding
+    slots included."""
     rows, width = real.shape
     hidden = padded.shape[1] // 3
     grid = padded.index_select(0, gather).view(rows, width, 3, heads, hidden // heads)

@@ -6,7 +6,11 @@ config.json's model_type names; this engine gives it its blocks (torch_ops.py) a
 All sequences of a batch are concatenated into one token stream described by `cu_seqlens` (the
 FlashAttention varlen layout); every GEMM runs on that stream, attention runs per sequence on the packed
 layout, and pooling respects each sequence's own length. A sparse model's rows (task sparse: torch_sparse.py)
-are pooled over the vocabulary on the device, and only their non-zero entries are copied out. On CUDA each
+are pooled over the vocabulary on the device, and only their non-zero entries are copied out. A multi-vector model
+(task multi_vector) pools nothing: every token's row goes through the projection (PROJECTION_FILE) and, fp32
+[tokens, dim], out; its batches carry each sequence's key length (a query's unattended [MASK] expansion gets a row
+but is a key to none: torch_attention.py), which FlashAttention's varlen kernels cannot take. A hybrid model (task
+hybrid, BGE-M3: torch_hybrid.py) gives each sequence's dense vector and every token's weight and vector. On CUDA each
 (token bucket, sequence bucket) shape is captured once as a CUDA graph that reads its ids from a static device
 buffer; batches are padded to the bucket with tail tokens that belong to no sequence (their rows never meet a
 real row: GEMMs and LayerNorm are row-wise and attention/pooling only read rows inside `cu_seqlens`), and their
@@ -47,6 +51,7 @@ Options (the `options` dict; values may be strings as they come from a config fi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -55,15 +60,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
-from common.contract import ServingSpec
+from common.contract import PROJECTION_FILE, ServingSpec
 
 from .base import Engine
 from .models import architecture
+from .torch_hybrid import HybridHead, HybridHost, host_rows
 from .torch_kernels import HAVE_TRITON, KernelCheck
 from .torch_layout import (
     TYPE_SHIFT,
     cpu_chunks,
+    key_view,
     layout_size,
     length_class,
     next_pow2,
@@ -90,14 +98,12 @@ TRITON_HEAD_DIMS = (16, 32, 64, 128)  # what the Triton attention kernel's tl.do
 
 
 class TorchEngine(KernelCheck, Engine):
-    """An architecture of models/ on one packed token stream per batch: pooled embeddings, logits or sparse rows."""
+    """An architecture of models/ on one packed token stream per batch: pooled embeddings, logits, sparse rows or
+    token vectors."""
 
     def __init__(self, model_dir: Path, spec: ServingSpec, device: str, options: dict) -> None:
         super().__init__(model_dir, spec, device, options)
-        if spec.task == "multi_vector":  # its unattended query expansion needs a key mask the packed stream lacks
-            raise ValueError(
-                "task multi_vector is served by engine onnxruntime_cpu; the torch engine does not run it yet"
-            )
+        self.multi_vector, self.hybrid = spec.task == "multi_vector", spec.task == "hybrid"
         self.torch_device = torch.device(device)
         self.is_cuda = self.torch_device.type == "cuda"
         if self.is_cuda and self.torch_device.index is None:
@@ -122,9 +128,17 @@ class TorchEngine(KernelCheck, Engine):
         self.ops = self._choose_ops(opt)
         gemm = torch.bfloat16 if self.gemm_bf16 else self.dtype
         weights = Weights(load_state_dict(self.model_dir), family.prefix, self.torch_device, self.dtype, gemm)
-        self.model = family(config, weights, self.ops, spec)
+        # A multi-vector or hybrid encoder is an embedder's, without head; the engine applies its own to the token rows.
+        self.model = family(config, weights, self.ops, dataclasses.replace(spec, task="embedding") if
+                            self.multi_vector or self.hybrid else spec)  # fmt: skip
         self.max_positions = self.model.max_positions
         self.output_size = self.model.output_size
+        self.projection = None
+        if self.multi_vector:
+            self.projection = self._load_projection()
+            self.output_size = self.projection[0].shape[0]
+            self.model.plain_attention = False  # key lengths: not for FlashAttention (_fit_attention, the self-check)
+        self.hybrid_head = HybridHead(self.model_dir, self.torch_device, self.dtype, gemm) if self.hybrid else None
         self.sparse = spec.task == "sparse"
         if spec.output_size and spec.output_size != self.output_size:
             raise ValueError(f"serving.json: output_size {spec.output_size}; the model gives {self.output_size}")
@@ -145,12 +159,14 @@ class TorchEngine(KernelCheck, Engine):
             self.spin_s = int(opt.get("spin_us", 1000)) / 1e6
             self._done = torch.cuda.Event(blocking=True)
             self._pool = torch.cuda.graph_pool_handle()
-            cap = layout_size(self.max_graph_tokens, self.max_batch, self.tile_block)
+            cap = layout_size(self.max_graph_tokens, self.max_batch, self.tile_block, self.multi_vector)
             self._dev_in = torch.zeros(cap, dtype=torch.int32, device=self.torch_device)
             self._host_in = torch.empty(cap, dtype=torch.int32, pin_memory=True)
             # A sparse model's [sequences, vocabulary] stays on the device: only its entries are copied (_rows).
             width = 0 if self.sparse else self.output_size
-            self._host_out = torch.empty((self.max_batch, width), dtype=torch.float32, pin_memory=True)
+            rows = self.max_graph_tokens if self.multi_vector else self.max_batch  # a row per token, or per sequence
+            self._host_out = torch.empty((rows, width), dtype=torch.float32, pin_memory=True)
+            self._hybrid_host = HybridHost(self.output_size, self.hybrid_head.colbert_size) if self.hybrid else None
             if self.ops.kernels == "triton" or self.ops.attention == "triton":
                 self._self_check()
         log.info(
@@ -192,62 +208,97 @@ class TorchEngine(KernelCheck, Engine):
         if ops.attention in ("flash", "varlen") and not flash_fits:
             ops.attention = "triton" if triton_fits else "sdpa"
 
+    def _load_projection(self) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
+        """The Dense (fp32 weight [dim, hidden], bias) and whether its vectors are L2-normalized: the file's
+        `normalize` (export's save_projection), else yes: an export older than the flag, whose checkpoints (PyLate's,
+        the random-init one) all end in Normalize. serving.json's normalize is the pooling's, false for this task."""
+        with np.load(self.model_dir / PROJECTION_FILE) as arrays:
+            found = {name: torch.from_numpy(arrays[name]) for name in arrays.files}
+        weight = found["weight"].float().to(self.torch_device)
+        bias = found["bias"].float().to(self.torch_device) if "bias" in found else None
+        return weight, bias, bool(found["normalize"]) if "normalize" in found else True
+
     # ------------------------------------------------------------------------------------------------------
     @property
     def tile_block(self) -> int:
         """Query rows per tile of the packed layout: the Triton attention's BLOCK_M, 0 for the others."""
         return self.ops.launch[0] if self.ops.attention == "triton" else 0
 
-    def _encode(self, ids, cu, tiles, n_seqs: int, max_len: int) -> torch.Tensor:
-        """The model on one packed stream. ids [T], cu [n_seqs + 1] int32; rows past cu[-1] are padding."""
+    def _encode(self, ids, cu, tiles, n_seqs: int, max_len: int, keys=None) -> torch.Tensor:
+        """The model on one packed stream. ids [T], cu [n_seqs + 1] int32; rows past cu[-1] are padding; keys: a
+        multi-vector batch's key lengths [n_seqs + 1]."""
         t = ids.shape[0]
         ar = torch.arange(t, device=ids.device, dtype=torch.int32)
         seg = torch.searchsorted(cu[1:], ar, right=True, out_int32=True)  # sequence of each token; n_seqs = tail
         pos = torch.where(seg < n_seqs, ar - cu.index_select(0, seg), 0)
-        return self.model.forward(PackedBatch(ids, cu, tiles, n_seqs, max_len, seg, pos))
+        batch = PackedBatch(ids, cu, tiles, n_seqs, max_len, seg, pos, keys)
+        if self.hybrid_head is not None:
+            return self.hybrid_head(self.model.hidden_states(batch), batch, self.ops)
+        if self.projection is None:
+            return self.model.forward(batch)
+        weight, bias, normalize = self.projection
+        vectors = F.linear(self.model.hidden_states(batch).float(), weight, bias)
+        return F.normalize(vectors, p=2.0, dim=-1) if normalize else vectors
 
     def forward_packed(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None):
+        """types: a pair model's token types; a multi-vector model's `attended` (1: the token is a key to its
+        sequence; 0 only for a suffix, a query's unattended expansion)."""
         if self.model.pair_types:
             ids = ids | (types.astype(np.int32) << TYPE_SHIFT)
         n = len(lengths)
         if n == 0:
             return [] if self.sparse else np.zeros((0, self.output_size), dtype=np.float32)
+        keys = key_lengths(lengths, types) if self.multi_vector else None
         max_len = int(lengths.max())
         if max_len > self.max_positions:
             raise ValueError(f"a sequence has {max_len} tokens; the model takes at most {self.max_positions}")
         tokens = len(ids)
         self.computed_tokens = tokens
         if not self.is_cuda:
-            return self._forward_cpu(ids, lengths, tokens)
-        return self._forward_cuda(ids, lengths, tokens, max_len)
+            return self._forward_cpu(ids, lengths, tokens, keys)
+        return self._forward_cuda(ids, lengths, tokens, max_len, keys)
 
-    def _rows(self, out: torch.Tensor):
-        """The batch's rows off the device: fp32 [n, output_size], or a sparse model's SparseRows."""
+    def _rows(self, out):
+        """The CPU batch's rows: fp32 [n, output_size], a sparse model's SparseRows or a hybrid model's HybridRows."""
+        if self.hybrid:
+            return host_rows(out)
         return nonzero_rows(out) if self.sparse else out.numpy().astype(np.float32, copy=True)
 
     @torch.inference_mode()
-    def _forward_cpu(self, ids, lens, tokens):
+    def _forward_cpu(self, ids, lens, tokens, keys):
         if tokens <= self.cpu_tokens_per_call:
-            return self._rows(self._encode_eager(ids, lens, int(lens.max())))
-        out = torch.empty((len(lens), self.output_size), dtype=torch.float32)
+            return self._rows(self._encode_eager(ids, lens, int(lens.max()), keys))
+        out = torch.empty((tokens if self.multi_vector else len(lens), self.output_size), dtype=torch.float32)
+        if self.hybrid:  # per sequence, per token, per token
+            out = (out, torch.empty(tokens), torch.empty((tokens, self.hybrid_head.colbert_size)))
         starts = np.cumsum(lens) - lens
         for rows in token_parts(lens, self.cpu_tokens_per_call):
-            part = np.concatenate([ids[starts[row] : starts[row] + lens[row]] for row in rows])
-            out[torch.from_numpy(rows)] = self._encode_eager(part, lens[rows], int(lens[rows].max()))
+            places = np.concatenate([np.arange(starts[row], starts[row] + lens[row]) for row in rows])
+            part_keys = None if keys is None else keys[rows]
+            result = self._encode_eager(ids[places], lens[rows], int(lens[rows].max()), part_keys)
+            if self.hybrid:
+                for whole, part, index in zip(out, result, (rows, places, places), strict=True):
+                    whole[torch.from_numpy(index)] = part
+            else:
+                out[torch.from_numpy(places if self.multi_vector else rows)] = result
         return self._rows(out)
 
-    def _encode_eager(self, ids: np.ndarray, lens: np.ndarray, max_len: int) -> torch.Tensor:
+    def _encode_eager(self, ids: np.ndarray, lens: np.ndarray, max_len: int, keys=None) -> torch.Tensor:
         """One packed batch on its exact shape, without a graph (the CPU path; the kernels' self-check)."""
-        tokens, n = len(ids), len(lens)
-        buf = np.empty(layout_size(tokens, n, self.tile_block), dtype=np.int32)
-        pack(buf, ids, lens, tokens, n, self.tile_block)
-        ids, cu, tiles = views(torch.from_numpy(buf).to(self.torch_device), tokens, n, self.tile_block)
+        tokens, n, keyed = len(ids), len(lens), keys is not None
+        buf = np.empty(layout_size(tokens, n, self.tile_block, keyed), dtype=np.int32)
+        pack(buf, ids, lens, tokens, n, self.tile_block, keys)
+        dev = torch.from_numpy(buf).to(self.torch_device)
+        ids, cu, tiles = views(dev, tokens, n, self.tile_block)
         if self.ops.attention == "sdpa" and not self.is_cuda:
             tiles = cpu_chunks(lens)
-        return self._encode(ids, cu, tiles, n, max_len)
+        return self._encode(ids, cu, tiles, n, max_len, key_view(dev, tokens, n, self.tile_block) if keyed else None)
+
+    def _keys(self, dev: torch.Tensor, tokens: int, seqs: int) -> torch.Tensor | None:
+        return key_view(dev, tokens, seqs, self.tile_block) if self.multi_vector else None
 
     @torch.inference_mode()
-    def _forward_cuda(self, ids, lens, tokens, max_len):
+    def _forward_cuda(self, ids, lens, tokens, max_len, keys):
         n = len(lens)
         graph = self.use_graphs and n <= self.max_batch and tokens <= self.max_graph_tokens
         if graph:
@@ -258,12 +309,13 @@ class TorchEngine(KernelCheck, Engine):
         if not graph:
             t_b, n_b = tokens, n
         self.computed_tokens = t_b  # a graph bucket computes its tail tokens too
-        size = layout_size(t_b, n_b, self.tile_block)
+        size = layout_size(t_b, n_b, self.tile_block, self.multi_vector)
         if size > self._host_in.numel():
             self._host_in = torch.empty(size, dtype=torch.int32, pin_memory=True)
-        if n > self._host_out.shape[0]:
-            self._host_out = torch.empty((n, self._host_out.shape[1]), dtype=torch.float32, pin_memory=True)
-        pack(self._host_in.numpy()[:size], ids, lens, t_b, n_b, self.tile_block)
+        rows = tokens if self.multi_vector else n
+        if rows > self._host_out.shape[0]:
+            self._host_out = torch.empty((rows, self._host_out.shape[1]), dtype=torch.float32, pin_memory=True)
+        pack(self._host_in.numpy()[:size], ids, lens, t_b, n_b, self.tile_block, keys)
         with torch.cuda.stream(self.stream):
             if graph:
                 self._dev_in[:size].copy_(self._host_in[:size], non_blocking=True)
@@ -275,15 +327,18 @@ class TorchEngine(KernelCheck, Engine):
             else:
                 dev = self._host_in[:size].to(self.torch_device, non_blocking=True)
                 ids, cu, tiles = views(dev, t_b, n_b, self.tile_block)
-                out = self._encode(
-                    ids, cu, tiles, n_b, max(max_len, length_class(max_len, bool(self.tile_block), self.max_positions))
-                )
+                longest = max(max_len, length_class(max_len, bool(self.tile_block), self.max_positions))
+                out = self._encode(ids, cu, tiles, n_b, longest, self._keys(dev, t_b, n_b))
                 self.eager_runs += 1
             if self.sparse:
                 return nonzero_rows(out[:n])
-            self._host_out[:n].copy_(out[:n], non_blocking=True)
+            if self.hybrid:
+                rows_of = self._hybrid_host.stage(out, n, tokens)
+                self._wait()
+                return rows_of()
+            self._host_out[:rows].copy_(out[:rows], non_blocking=True)
             self._wait()
-        return self._host_out[:n].numpy().copy()
+        return self._host_out[:rows].numpy().copy()
 
     def _wait(self) -> None:
         """Until the stream's work is done: poll for up to spin_s, then sleep on the (blocking-sync) event."""
@@ -300,14 +355,16 @@ class TorchEngine(KernelCheck, Engine):
 
     def _capture(self, key):
         t_b, n_b, len_class = key
-        size = layout_size(t_b, n_b, self.tile_block)
-        ids, cu, tiles = views(self._dev_in[:size], t_b, n_b, self.tile_block)
+        size = layout_size(t_b, n_b, self.tile_block, self.multi_vector)
+        dev = self._dev_in[:size]
+        ids, cu, tiles = views(dev, t_b, n_b, self.tile_block)
+        keys = self._keys(dev, t_b, n_b)  # in the static buffer: each replay reads its batch's, as cu_seqlens
         # One eager run first: compiles Triton kernels for these shapes and warms cuBLAS outside the capture.
-        self._encode(ids, cu, tiles, n_b, len_class)
+        self._encode(ids, cu, tiles, n_b, len_class, keys)
         self.stream.synchronize()
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, pool=self._pool, stream=self.stream, capture_error_mode="thread_local"):
-            out = self._encode(ids, cu, tiles, n_b, len_class)
+            out = self._encode(ids, cu, tiles, n_b, len_class, keys)
         self._graphs[key] = (g, out)
         self.graph_captures += 1
         return self._graphs[key]
@@ -317,3 +374,19 @@ class TorchEngine(KernelCheck, Engine):
         for tokens, seqs in shapes:
             per = max(1, tokens // seqs)
             self.forward([np.full(per, 100, dtype=np.int32) for _ in range(seqs)])
+
+
+def key_lengths(lengths: np.ndarray, attended: np.ndarray | None) -> np.ndarray:
+    """Each sequence's key length from its tokens' attended flags (None: all attended); ValueError where a
+    sequence's unattended tokens are not its last ones, or are all of it."""
+    if attended is None:
+        return lengths
+    starts = np.cumsum(lengths) - lengths
+    counted = np.concatenate([[0], np.cumsum(attended != 0)])
+    keys = counted[starts + lengths] - counted[starts]
+    places = np.arange(len(attended)) - np.repeat(starts, lengths)
+    if not np.array_equal(attended != 0, places < np.repeat(keys, lengths)):
+        raise ValueError("a sequence's unattended tokens must be its last ones")
+    if (keys[lengths > 0] == 0).any():
+        raise ValueError("a sequence attends to none of its tokens")
+    return keys

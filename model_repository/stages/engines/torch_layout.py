@@ -2,9 +2,11 @@
 
 Layout of one batch of `seqs` sequence slots and `tokens` token slots (a CUDA-graph bucket is larger than
 the batch it runs; its tail tokens belong to no sequence):
-  ids [tokens] | cu_seqlens [seqs + 1] | tile_seq [cap] | tile_m [cap]
+  ids [tokens] | cu_seqlens [seqs + 1] | tile_seq [cap] | tile_m [cap] [| key lengths [seqs + 1]]
 The tile arrays drive the Triton attention kernel (one program per BLOCK_M query rows of one sequence);
-block_m = 0 means another attention and no tiles.
+block_m = 0 means another attention and no tiles. A keyed layout (a multi-vector model's) adds how many of each
+sequence's first tokens are keys, 0 for the empty slots and the tail, so that a CUDA graph reads them from its
+static buffer as it reads cu_seqlens.
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ def tile_cap(tokens: int, seqs: int, block_m: int) -> int:
     return seqs + tokens // block_m + 1 if block_m else 0
 
 
-def layout_size(tokens: int, seqs: int, block_m: int) -> int:
+def layout_size(tokens: int, seqs: int, block_m: int, keyed: bool = False) -> int:
     """int32 words of one packed batch."""
-    return tokens + seqs + 1 + 2 * tile_cap(tokens, seqs, block_m)
+    return tokens + (seqs + 1) * (2 if keyed else 1) + 2 * tile_cap(tokens, seqs, block_m)
 
 
 def token_bucket(tokens: int, buckets_per_octave: int) -> int:
@@ -50,8 +52,9 @@ def length_class(max_len: int, tiled: bool, max_positions: int) -> int:
     return 128 if max_len <= 128 else min(next_pow2(max_len), max(max_positions, max_len))
 
 
-def pack(buf: np.ndarray, ids: np.ndarray, lens: np.ndarray, tokens: int, seqs: int, block_m: int) -> None:
-    """Writes one packed batch into buf (layout_size(tokens, seqs, block_m) words): ids, then the bucket's tail."""
+def pack(buf: np.ndarray, ids: np.ndarray, lens: np.ndarray, tokens: int, seqs: int, block_m: int, keys=None) -> None:
+    """Writes one packed batch into buf (layout_size(tokens, seqs, block_m, keys is not None) words): ids, then the
+    bucket's tail; keys: each sequence's key length (a keyed layout)."""
     n = len(lens)
     total = len(ids)
     buf[:total] = ids
@@ -71,6 +74,10 @@ def pack(buf: np.ndarray, ids: np.ndarray, lens: np.ndarray, tokens: int, seqs: 
         first = np.cumsum(per) - per
         tile_m[:n_tiles] = (np.arange(n_tiles) - np.repeat(first, per)) * block_m
         tile_m[n_tiles:] = 0
+    if keys is not None:
+        key_lens = buf[tokens + seqs + 1 + 2 * cap : tokens + 2 * (seqs + 1) + 2 * cap]
+        key_lens[:n] = keys
+        key_lens[n:] = 0
 
 
 def views(dev: torch.Tensor, tokens: int, seqs: int, block_m: int):
@@ -83,6 +90,12 @@ def views(dev: torch.Tensor, tokens: int, seqs: int, block_m: int):
         o = tokens + seqs + 1
         tiles = (dev[o : o + cap], dev[o + cap : o + 2 * cap])
     return ids, cu, tiles
+
+
+def key_view(dev: torch.Tensor, tokens: int, seqs: int, block_m: int) -> torch.Tensor:
+    """The key lengths [seqs + 1] of a keyed packed batch on the device."""
+    o = tokens + seqs + 1 + 2 * tile_cap(tokens, seqs, block_m)
+    return dev[o : o + seqs + 1]
 
 
 def cpu_chunks(lens: np.ndarray) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:

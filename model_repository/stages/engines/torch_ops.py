@@ -42,6 +42,13 @@ class PackedBatch:
     max_len: int  # the longest sequence the grid attention pads to
     seg: torch.Tensor  # int32 [T]: each token's sequence (n_seqs for the tail)
     pos: torch.Tensor  # int32 [T]: each token's place in its sequence
+    # int32 [n_seqs + 1]: how many of each sequence's first tokens are keys (0: the tail); None: all of them
+    keys: torch.Tensor | None = None
+
+    def key_slots(self) -> torch.Tensor:
+        """bool [T + 1]: whether each token is a key, then False for a grid's padding slots (with_zero_row's)."""
+        is_key = self.pos < self.keys.index_select(0, self.seg)
+        return torch.cat([is_key, is_key.new_zeros(1)])
 
 
 class Norm:
@@ -188,11 +195,11 @@ class TorchOps:
         t, hidden = qkv.shape[0], qkv.shape[1] // 3
         if self.attention == "triton":
             out = torch.empty((t, hidden), device=qkv.device, dtype=qkv.dtype)
-            kernel_attention(qkv, out, batch.cu, batch.tiles, heads, scale, bias, window, self.launch)
+            kernel_attention(qkv, out, batch.cu, batch.tiles, heads, scale, bias, window, self.launch, batch.keys)
             return out
         if self.attention in ("flash", "varlen"):
-            if bias is not None or window:
-                raise ValueError(f"attention {self.attention!r} takes no bias or window")  # the engine never asks
+            if bias is not None or window or batch.keys is not None:  # the engine never asks
+                raise ValueError(f"attention {self.attention!r} takes no bias, window or key lengths")
             q, k, v = qkv.view(t, 3, heads, hidden // heads).unbind(1)
             cu, longest = batch.cu, batch.max_len
             if self.attention == "flash":
@@ -205,8 +212,10 @@ class TorchOps:
             return varlen_attn(q, k, v, cu, cu, longest, longest, scale=scale).reshape(t, hidden)
         if isinstance(batch.tiles, list):  # the CPU: a grid per chunk of sequences of similar lengths
             out, padded = torch.empty((t, hidden), dtype=qkv.dtype), with_zero_row(qkv)
+            key_slots = None if batch.keys is None else batch.key_slots()
             for gather, real, targets in batch.tiles:
-                o = grid_attention(padded, gather, real, heads, scale, bias, window)
+                keys = real if key_slots is None else key_slots.index_select(0, gather).view(real.shape)
+                o = grid_attention(padded, gather, keys, heads, scale, bias, window)
                 out.index_copy_(0, targets, o[real.reshape(-1)])
             return out
         # One grid [n_seqs + 1, max_len] for the whole batch (the extra row takes a bucket's tail tokens).
@@ -214,7 +223,8 @@ class TorchOps:
         slot = batch.seg.long() * width + batch.pos.long()
         gather = torch.full(((batch.n_seqs + 1) * width,), t, device=qkv.device, dtype=torch.long)
         gather.index_copy_(0, slot, torch.arange(t, device=qkv.device))
-        real = (gather < t).view(batch.n_seqs + 1, width)
+        real = (gather < t) if batch.keys is None else batch.key_slots().index_select(0, gather)
+        real = real.view(batch.n_seqs + 1, width)
         real[:, 0] = True  # an empty row attends to one zero key instead of producing NaN
         o = grid_attention(with_zero_row(qkv), gather, real, heads, scale, bias, window)
         return o.index_select(0, slot)

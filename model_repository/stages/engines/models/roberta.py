@@ -21,6 +21,10 @@ class RobertaEncoder(BertEncoder):
     presets: ClassVar[dict[str, dict]] = {
         "roberta-base": {"model_type": "roberta", "vocab_size": 50265, **BASE, **POSITIONS},
         "xlm-roberta-base": {"model_type": "xlm-roberta", "vocab_size": 250002, **BASE, **POSITIONS},
+        # BAAI/bge-m3's encoder: XLM-RoBERTa-large's layers, positions to 8,192 tokens.
+        "bge-m3": {"model_type": "xlm-roberta", "vocab_size": 250002, **POSITIONS, "num_hidden_layers": 24,
+                   "hidden_size": 1024, "num_attention_heads": 16, "intermediate_size": 4096,
+                   "max_position_embeddings": 8194},
         "roberta-tiny": {"model_type": "roberta", "vocab_size": 50265, **POSITIONS, "num_hidden_layers": 2,
                          "hidden_size": 128, "num_attention_heads": 2, "intermediate_size": 512},
     }  # fmt: skip

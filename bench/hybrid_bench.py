@@ -1,0 +1,183 @@
+"""Task hybrid (BGE-M3): all three outputs against the dense vector alone, on the same weights, in one process.
+
+    python -m bench.hybrid_bench --device cpu|cuda --out DIR [--preset bge-m3] [--batch 64,1] [--texts 1024]
+                                 [--passes 3] [--threads N] [--tokenizer FILE]
+
+Model: random weights and heads of the preset's real shape (bge-m3: XLM-RoBERTa-large, 250,002 ids), exported as
+task hybrid by the project's export (settings/variants/bge-m3.toml's source), and the same export served as task
+embedding (its serving.json rewritten: the first token's vector, normalized, the hybrid's dense output). Texts:
+loadtest/corpus.txt, tokenized once by the export's tokenizer. Runners, each called once per batch of --batch
+texts, on the torch engine (fp16 on CUDA, fp32 on the CPU) as the stage loads it:
+  dense       the embedding export: one vector per text;
+  hybrid      the hybrid export, and per batch the stage's answer of all three outputs to one request of its texts
+              (hybrid_output.py: lexical maximum per token id, colbert vectors but the first token's).
+Per runner and batch size: texts/s of the best of --passes timed passes after an untimed one, and the peak memory
+during them over what the runner held once loaded; hybrid_vs_dense, the bar of issue 34 (>= 0.8). agreement: the
+engine's three outputs of the first batch against the export's fp32 PyTorch reference (HybridStates, each text
+alone) on the same device: the dense and colbert vectors' least cosine, the token weights' largest difference.
+Writes DIR/hybrid_bench.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bench.record import header, write
+from bench.sparse_bench import PeakGrowth, measure, split
+from common.contract import HYBRID_HEADS_FILE, SPARSE_INDICES, SPARSE_VALUES, TOKEN_COUNTS, TOKEN_VECTORS, ServingSpec
+from common.hf_tokenizer import load_tokenizer
+from export.__main__ import export
+from loadtest.corpus import load_text
+from model_repository.stages.engines import load_engine
+from model_repository.stages.engines.base import pack_sequences
+from model_repository.stages.hybrid_output import HybridOutput
+from settings import ROOT, load_settings
+
+SETTINGS = ROOT / "settings" / "variants" / "bge-m3.toml"
+CALIBRATION_TEXTS = 64  # the export's int8 calibration, on the CPU: a few texts keep a large preset's export short
+ALL_OUTPUTS = ["embedding", SPARSE_INDICES, SPARSE_VALUES, TOKEN_VECTORS, TOKEN_COUNTS]
+
+
+class AllOutputs:
+    """A request as the stage reads it, asking for every output with the settings' sparse cut."""
+
+    def requested_output_names(self) -> list[str]:
+        return ALL_OUTPUTS
+
+    def parameters(self) -> str:
+        return ""
+
+
+def dense_export(folder: Path, out: Path) -> None:
+    """The hybrid export as an embedder of its dense output: the same weights, serving.json's task embedding."""
+    shutil.copytree(folder, out)
+    spec = ServingSpec.load(folder)
+    dataclasses.replace(spec, task="embedding", multi_vector=None, hybrid=None).save(out)
+
+
+def runner(name: str, engine, spec: ServingSpec, settings):
+    """The call a batch of token sequences gets."""
+    if name == "dense":
+        return engine.forward
+    answer = HybridOutput({"sparse_top_k": settings.sparse.top_k, "sparse_threshold": settings.sparse.threshold},
+                          spec.hybrid)  # fmt: skip
+
+    def hybrid(sequences: list[np.ndarray]) -> dict:
+        ids, lengths = pack_sequences(sequences)
+        rows = engine.forward_packed(ids, lengths)
+        return answer.tensors(rows, ids, lengths, slice(0, len(lengths)), slice(0, len(ids)), AllOutputs())
+
+    return hybrid
+
+
+@torch.inference_mode()
+def agreement(folder: Path, sequences: list[np.ndarray], rows, device: str) -> dict:
+    """The engine's HybridRows of sequences against HybridStates in fp32, each sequence alone."""
+    from export.checkpoint import load_model, open_checkpoint
+    from export.hybrid_export import HybridHeads, HybridStates
+
+    with np.load(folder / HYBRID_HEADS_FILE) as heads:
+        parts = HybridHeads(
+            (heads["sparse_weight"], heads["sparse_bias"]), (heads["colbert_weight"], heads["colbert_bias"])
+        )
+    reference = HybridStates(load_model(open_checkpoint(str(folder)), "hybrid"), parts).to(device)
+    dense, weights, vectors = [], [], []
+    for sequence in sequences:
+        ids = torch.from_numpy(sequence[None]).to(device)
+        outputs = reference(ids, torch.ones_like(ids))
+        for found, output in zip((dense, weights, vectors), outputs, strict=True):
+            found.append(output[0].float().cpu().numpy())
+    dense, weights, vectors = np.stack(dense), np.concatenate(weights), np.concatenate(vectors)
+
+    def least_cosine(a: np.ndarray, b: np.ndarray) -> float:
+        return float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
+
+    return {
+        "texts": len(sequences),
+        "dense_min_cosine": least_cosine(rows.dense, dense),
+        "colbert_min_cosine": least_cosine(rows.vectors, vectors),
+        "weights_max_abs_diff": float(np.abs(rows.weights - weights).max()),
+        "weights_largest": float(weights.max()),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.hybrid_bench", description=__doc__)
+    parser.add_argument("--device", choices=("cpu", "cuda"), required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--preset", default="bge-m3", help="random-init preset (tests: a tiny XLM-RoBERTa)")
+    parser.add_argument("--batch", default="64,1", help="batch sizes, comma-separated")
+    parser.add_argument("--texts", type=int, default=1024, help="corpus texts per pass")
+    parser.add_argument("--passes", type=int, default=3, help="timed passes; the best counts")
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads of the engine")
+    parser.add_argument("--tokenizer", type=Path, help="tokenizer.json of the preset (default: trained at export)")
+    args = parser.parse_args(argv)
+    sizes = [int(size) for size in args.batch.split(",")]
+    settings = load_settings(SETTINGS)
+    max_tokens, precision = settings.model.max_tokens, "fp32" if args.device == "cpu" else "fp16"
+    texts = [text for text in load_text() if text.strip()][: args.texts]
+    memory = PeakGrowth(args.device)
+    record = header("hybrid_bench", argv) | {
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
+        "torch": torch.__version__,
+        **{"preset": args.preset, "precision": precision, "threads": args.threads, "passes": args.passes},
+        "batches": {str(size): {} for size in sizes},
+    }
+    with tempfile.TemporaryDirectory(prefix="hybrid_bench_") as work:
+        folder, corpus = Path(work) / "hybrid", Path(work) / "calibration.txt"
+        corpus.write_text("\n".join(texts[:CALIBRATION_TEXTS]) + "\n")  # its ranges are not what is measured
+        onnx = settings.engine
+        report = export(f"random-init:{args.preset}", "hybrid", max_tokens, folder, onnx.onnx_opset,
+                        onnx.onnx_tolerance, args.tokenizer, onnx=False, calibration_corpus=corpus)  # fmt: skip
+        dense_export(folder, Path(work) / "dense")
+        tokenizer = load_tokenizer(folder / "tokenizer.json", max_tokens)
+        sequences = [np.array(encoding.ids, np.int32) for encoding in tokenizer.encode_batch(texts)]
+        record |= {
+            "export_s": report["seconds"],
+            "texts": len(texts),
+            "mean_tokens": float(np.mean(list(map(len, sequences)))),
+        }
+        options = {"precision": precision, "threads": args.threads, **settings.engine.options}
+        for name in ("dense", "hybrid"):
+            export_dir = Path(work) / name
+            engine = load_engine("torch", export_dir, args.device, options)
+            call = runner(name, engine, ServingSpec.load(export_dir), settings)
+            memory.loaded()
+            if name == "hybrid":
+                first = sequences[: sizes[0]]
+                rows = engine.forward_packed(*pack_sequences(first))
+                record["agreement"] = agreement(export_dir, first, rows, args.device)
+            for size in sizes:
+                started = time.perf_counter()
+                _, row = measure(call, split(sequences, size), args.passes, memory)
+                row["wall_s"] = time.perf_counter() - started
+                record["batches"][str(size)][name] = row
+            del engine, call
+            gc.collect()
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
+    for runs in record["batches"].values():
+        runs["hybrid_vs_dense"] = runs["hybrid"]["texts_per_s"] / runs["dense"]["texts_per_s"]
+    args.out.mkdir(parents=True, exist_ok=True)
+    write(args.out, record)
+    print(f"{'batch':>5} {'runner':<8} {'texts/s':>10} {'peak MiB':>9}")
+    for size, runs in record["batches"].items():
+        for name in ("dense", "hybrid"):
+            row = runs[name]
+            print(f"{size:>5} {name:<8} {row['texts_per_s']:>10.1f} {row['peak_growth_bytes'] / 2**20:>9.1f}")
+        print(f"{size:>5} hybrid / dense: {runs['hybrid_vs_dense']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

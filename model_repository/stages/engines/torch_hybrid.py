@@ -1,0 +1,70 @@
+"""The torch engine's hybrid head (task hybrid: BGE-M3, export/hybrid_export.py): from the last hidden states of
+the packed token stream, each sequence's first token normalized (the dense vector), every token's ReLU'd sparse
+weight and every token's normalized colbert vector, all fp32 on the device. The engine copies the three out as
+HybridRows; the stage takes each text's lexical maximum per token id and drops its first token's colbert vector.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from common.contract import HYBRID_HEADS_FILE
+
+from .hybrid import HybridRows
+from .torch_ops import PackedBatch, TorchOps
+
+
+class HybridHead:
+    """Called as a classification head is (encoder.Encoder.forward): (dense, weights, vectors) out."""
+
+    def __init__(self, model_dir: Path, device: torch.device, dtype: torch.dtype, gemm_dtype: torch.dtype) -> None:
+        with np.load(Path(model_dir) / HYBRID_HEADS_FILE) as heads:
+            arrays = {name: torch.from_numpy(heads[name]).to(device) for name in heads.files}
+        # One GEMM for both heads: the colbert rows, then the sparse row (its weights stay fp32 after it).
+        self.weight = torch.cat([arrays["colbert_weight"], arrays["sparse_weight"]]).to(gemm_dtype).contiguous()
+        self.bias = torch.cat([arrays["colbert_bias"], arrays["sparse_bias"]]).to(dtype).contiguous()
+        self.colbert_size = int(arrays["colbert_weight"].shape[0])
+        self.hidden = int(self.weight.shape[1])
+
+    @property
+    def output_size(self) -> int:
+        return self.hidden  # the dense vector's width: what serving.json's output_size says
+
+    def __call__(self, x: torch.Tensor, batch: PackedBatch, ops: TorchOps):
+        first = batch.cu[:-1].long().clamp(max=x.shape[0] - 1)
+        dense = F.normalize(x.index_select(0, first).float(), dim=1)
+        both = ops.linear(x, self.weight, self.bias).float()
+        vectors = F.normalize(both[:, : self.colbert_size], dim=1)
+        return dense, torch.relu(both[:, self.colbert_size]), vectors
+
+
+class HybridHost:
+    """Pinned host buffers the three outputs are copied into without blocking (grown as batches need)."""
+
+    def __init__(self, hidden: int, colbert_size: int) -> None:
+        self.widths = (hidden, 0, colbert_size)
+        self.buffers = self._pinned(1024, 16384)
+
+    def _pinned(self, sequences: int, tokens: int) -> list[torch.Tensor]:
+        shapes = ((sequences, self.widths[0]), (tokens,), (tokens, self.widths[2]))
+        return [torch.empty(shape, dtype=torch.float32, pin_memory=True) for shape in shapes]
+
+    def stage(self, out: tuple[torch.Tensor, ...], sequences: int, tokens: int):
+        """Queues the copies of the batch's rows on the current stream; the returned call, once the stream is done,
+        gives them as HybridRows."""
+        if sequences > len(self.buffers[0]) or tokens > len(self.buffers[1]):
+            self.buffers = self._pinned(max(sequences, len(self.buffers[0])), max(tokens, len(self.buffers[1])))
+        counts = (sequences, tokens, tokens)
+        for buffer, rows, count in zip(self.buffers, out, counts, strict=True):
+            buffer[:count].copy_(rows[:count], non_blocking=True)
+        return lambda: HybridRows(*(buffer[:count].numpy().copy() for buffer, count in zip(self.buffers, counts,
+                                                                                        strict=True)))  # fmt: skip
+
+
+def host_rows(out: tuple[torch.Tensor, ...]) -> HybridRows:
+    """A CPU batch's outputs as HybridRows."""
+    return HybridRows(*(rows.numpy().astype(np.float32, copy=True) for rows in out))

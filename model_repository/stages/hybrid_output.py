@@ -1,0 +1,38 @@
+"""A hybrid model's (BGE-M3's) answer to one request: of its dense vectors, lexical weights and colbert vectors, the
+outputs the request asks for (KServe's requested outputs; all when it names none), from the one pass the engine
+made for the whole batch (engines/hybrid.py HybridRows). The lexical weights are cut as a sparse model's are
+(sparse_output.py: sparse_top_k, sparse_threshold), the colbert vectors answered as a multi-vector model's, every
+token's but the first (multi_vector_output.answer)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from common.contract import SPARSE_INDICES, SPARSE_VALUES, TOKEN_COUNTS, TOKEN_VECTORS
+
+from .engines.hybrid import HybridRows, lexical_rows
+from .multi_vector_output import answer
+from .sparse_output import SparseOutput
+
+
+class HybridOutput:
+    def __init__(self, params: dict[str, str], hybrid: dict) -> None:
+        self.sparse = SparseOutput(params)
+        self.unused = np.array(hybrid["unused_ids"], dtype=np.int32)
+
+    def tensors(self, rows: HybridRows, ids: np.ndarray, lengths: np.ndarray, texts: slice, tokens: slice,
+                request) -> dict[str, np.ndarray]:  # fmt: skip
+        """The request's outputs: its texts' rows and tokens of the batch's. ValueError naming a bad parameter."""
+        asked = set(request.requested_output_names())
+        own = lengths[texts]
+        out = {}
+        if "embedding" in asked:
+            out["embedding"] = rows.dense[texts]
+        if asked & {SPARSE_INDICES, SPARSE_VALUES}:
+            lexical = lexical_rows(ids[tokens], own, rows.weights[tokens], self.unused)
+            out |= self.sparse.tensors(lexical, request.parameters())
+        if asked & {TOKEN_VECTORS, TOKEN_COUNTS}:
+            kept = np.ones(tokens.stop - tokens.start, dtype=bool)
+            kept[np.cumsum(own) - own] = False  # each text's first token ([CLS], <s>) keeps no vector
+            out |= answer(rows.vectors[tokens], own, kept)
+        return out
