@@ -1,6 +1,7 @@
 """A hybrid model's (BGE-M3's) answer to one request: of its dense vectors, lexical weights and colbert vectors, the
 outputs the request asks for (KServe's requested outputs; all when it names none), from the one pass the engine
-made for the whole batch (engines/hybrid.py HybridRows). The lexical weights are cut as a sparse model's are
+made for the whole batch (engines/hybrid.py HybridRows), which copies out only what some request of the batch asks
+for. The lexical weights are cut as a sparse model's are
 (sparse_output.py: sparse_top_k, sparse_threshold), the colbert vectors answered as a multi-vector model's, every
 token's but the first (multi_vector_output.answer)."""
 
@@ -10,7 +11,7 @@ import numpy as np
 
 from common.contract import SPARSE_INDICES, SPARSE_VALUES, TOKEN_COUNTS, TOKEN_VECTORS
 
-from .engines.hybrid import HybridRows, lexical_rows
+from .engines.hybrid import HybridRows, lexical_rows, wanted_outputs
 from .multi_vector_output import answer
 from .sparse_output import SparseOutput
 
@@ -19,6 +20,11 @@ class HybridOutput:
     def __init__(self, params: dict[str, str], hybrid: dict) -> None:
         self.sparse = SparseOutput(params)
         self.unused = np.array(hybrid["unused_ids"], dtype=np.int32)
+
+    @staticmethod
+    def wanted(requests: list) -> frozenset[str]:
+        """The engine outputs the batch's requests need."""
+        return wanted_outputs(name for request in requests for name in request.requested_output_names())
 
     def tensors(self, rows: HybridRows, ids: np.ndarray, lengths: np.ndarray, texts: slice, tokens: slice,
                 request) -> dict[str, np.ndarray]:  # fmt: skip

@@ -62,7 +62,8 @@ class TritonPythonModel:
             [pb_utils.get_input_tensor_by_name(r, QUERY_INPUT).as_numpy() for r in requests] if self.pairs else None
         )
         parts, ids, lengths, types = self.text.tokenize(texts_in, queries_in)
-        outputs = self.engine.forward_packed(ids, lengths, types) if len(lengths) else None
+        wanted = self.hybrid.wanted(requests) if self.hybrid is not None else None
+        outputs = self.engine.forward_packed(ids, lengths, types, wanted) if len(lengths) else None
         self._record(len(requests), lengths)
         if self.labels is not None and len(lengths):
             outputs = scores_and_labels(outputs, self.labels)

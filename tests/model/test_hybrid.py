@@ -19,6 +19,7 @@ from common.contract import (
     SPARSE_VALUES,
     TOKEN_COUNTS,
     TOKEN_VECTORS,
+    TOKEN_WEIGHTS,
     TOKENS_OUTPUT,
 )
 from common.hf_tokenizer import load_tokenizer
@@ -154,11 +155,12 @@ def test_a_checkpoint_without_the_heads_is_refused(settings, tmp_path):
         export(str(checkpoint), "hybrid", MAX_TOKENS, tmp_path / "export", engine.onnx_opset, engine.onnx_tolerance)
 
 
-def _engine_rows(export_dir: Path, kind: str, device: str = "cpu", **options):
-    """The engine's HybridRows of TEXTS, and the packed ids and lengths they came from."""
+def _engine_rows(export_dir: Path, kind: str, device: str = "cpu", wanted=None, **options):
+    """The engine's HybridRows of TEXTS (the wanted outputs)."""
     tokenizer = load_tokenizer(export_dir / "tokenizer.json", MAX_TOKENS)
     ids, lengths = pack_sequences([np.array(e.ids, np.int32) for e in tokenizer.encode_batch(TEXTS)])
-    return load_engine(kind, export_dir, device, {"threads": "2", **options}).forward_packed(ids, lengths)
+    engine = load_engine(kind, export_dir, device, {"threads": "2", **options})
+    return engine.forward_packed(ids, lengths, None, wanted)
 
 
 def _assert_same_rows(got, want, cosine: float) -> None:
@@ -185,3 +187,14 @@ def test_gpu_fp16_rows(hybrid, variant):
     want = _engine_rows(hybrid.export_dir, "onnxruntime_cpu")
     for _ in range(2):
         _assert_same_rows(_engine_rows(hybrid.export_dir, "torch", "cuda", precision="fp16", **variant), want, 0.999)
+
+
+@pytest.mark.parametrize("kind", ["onnxruntime_cpu", "torch"])
+def test_an_engine_copies_out_only_the_wanted_outputs(hybrid, kind):
+    """Dense and token weights wanted, colbert vectors not (4 KB a token for BGE-M3): None, the others as when all
+    three are wanted."""
+    everything = _engine_rows(hybrid.export_dir, kind)
+    some = _engine_rows(hybrid.export_dir, kind, wanted=frozenset({"embedding", TOKEN_WEIGHTS}))
+    assert some.vectors is None
+    np.testing.assert_array_equal(some.dense, everything.dense)
+    np.testing.assert_array_equal(some.weights, everything.weights)

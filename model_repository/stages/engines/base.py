@@ -17,8 +17,9 @@ class Engine(ABC):
     sequence's length (int64 [sequences]), no padding, and for a model of (query, text) pairs each token's
     type beside its id (int32 [total tokens]: 0 query, 1 text); it returns one float32 row per sequence: the
     pooled (and, per the spec, normalized) embedding, or the logits; for a sparse model a list of one
-    sparse.SparseRow per sequence (its non-zero vocabulary entries). How the batch is laid out for the model
-    (padded chunks, packed tokens) is the engine's own business.
+    sparse.SparseRow per sequence (its non-zero vocabulary entries); for a hybrid model hybrid.HybridRows, of
+    which only the `wanted` outputs (HYBRID_GRAPH_OUTPUTS' names; None: all) are copied out. How the batch is laid
+    out for the model (padded chunks, packed tokens) is the engine's own business.
     """
 
     def __init__(self, model_dir: Path, spec: ServingSpec, device: str, options: dict) -> None:
@@ -30,7 +31,8 @@ class Engine(ABC):
         self.computed_tokens = 0
 
     @abstractmethod
-    def forward_packed(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None): ...
+    def forward_packed(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None,
+                       wanted: frozenset[str] | None = None): ...  # fmt: skip
 
     def forward(self, sequences: list[np.ndarray], types: list[np.ndarray] | None = None):
         """forward_packed for a list of sequences, one int array each, and their token types (tests, benchmarks)."""

@@ -8,18 +8,39 @@ eos, pad, unk) and weights of 0 left out, as BGEM3FlagModel.encode's lexical_wei
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
+from common.contract import HYBRID_GRAPH_OUTPUTS, SPARSE_INDICES, SPARSE_VALUES, TOKEN_COUNTS, TOKEN_VECTORS
+
 from .sparse import SparseRow, split_rows
+
+# What each of the engine's outputs (HYBRID_GRAPH_OUTPUTS) answers: the KServe outputs built from it.
+ANSWERS = dict(
+    zip(
+        HYBRID_GRAPH_OUTPUTS,
+        (("embedding",), (SPARSE_INDICES, SPARSE_VALUES), (TOKEN_VECTORS, TOKEN_COUNTS)),
+        strict=True,
+    )
+)
 
 
 @dataclass(frozen=True)
 class HybridRows:
-    dense: np.ndarray  # fp32 [texts, hidden], unit length
-    weights: np.ndarray  # fp32 [tokens]: each token's ReLU'd lexical weight
-    vectors: np.ndarray  # fp32 [tokens, colbert dim], unit length (each text's first token's too)
+    """The engine's outputs of a batch; one not wanted is None (a colbert vector is 4 KB of fp32 a token for
+    BGE-M3: no copy of them when no request asks for them)."""
+
+    dense: np.ndarray | None  # fp32 [texts, hidden], unit length
+    weights: np.ndarray | None  # fp32 [tokens]: each token's ReLU'd lexical weight
+    vectors: np.ndarray | None  # fp32 [tokens, colbert dim], unit length (each text's first token's too)
+
+
+def wanted_outputs(asked: Iterable[str]) -> frozenset[str]:
+    """The engine's outputs that the KServe outputs asked for are built from."""
+    asked = set(asked)
+    return frozenset(name for name, answers in ANSWERS.items() if asked.intersection(answers))
 
 
 def lexical_rows(ids: np.ndarray, lengths: np.ndarray, weights: np.ndarray, unused: np.ndarray) -> list[SparseRow]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
-from common.contract import TOKEN_TYPES
+from common.contract import HYBRID_GRAPH_OUTPUTS, TOKEN_TYPES
 from common.padding import pad_packed, plan_chunks
 
 from .base import Engine
@@ -39,11 +39,12 @@ class OnnxRuntimeCpuEngine(Engine):
         )
         self.head = NumpySparseHead(self.model_dir, spec.activation) if spec.task == "sparse" else None
 
-    def forward_packed(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None):
+    def forward_packed(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None,
+                       wanted: frozenset[str] | None = None):  # fmt: skip
         if self.spec.task == "multi_vector":
             return self._token_vectors(ids, lengths, types)
         if self.spec.task == "hybrid":
-            return self._hybrid(ids, lengths)
+            return self._hybrid(ids, lengths, HYBRID_GRAPH_OUTPUTS if wanted is None else wanted)
         out = [None] * len(lengths) if self.head else np.empty((len(lengths), self.spec.output_size), np.float32)
         for chunk, real, (result,) in self._chunk_runs(ids, lengths, types):
             if self.head is None:
@@ -62,15 +63,18 @@ class OnnxRuntimeCpuEngine(Engine):
             out[self._places(starts, chunk, real)] = result[real]
         return out
 
-    def _hybrid(self, ids: np.ndarray, lengths: np.ndarray) -> HybridRows:
-        dense = np.empty((len(lengths), self.spec.output_size), np.float32)
-        weights = np.empty(len(ids), np.float32)
-        vectors = np.empty((len(ids), self.spec.hybrid["colbert_size"]), np.float32)
+    def _hybrid(self, ids: np.ndarray, lengths: np.ndarray, wanted) -> HybridRows:
+        """The graph gives all three; only the wanted ones are gathered out of its padded outputs."""
+        shapes = (len(lengths), self.spec.output_size), (len(ids),), (len(ids), self.spec.hybrid["colbert_size"])
+        out = [np.empty(shape, np.float32) if name in wanted else None for name, shape in
+               zip(HYBRID_GRAPH_OUTPUTS, shapes, strict=True)]  # fmt: skip
         starts = np.cumsum(lengths) - lengths
-        for chunk, real, (rows, token_weights, token_vectors) in self._chunk_runs(ids, lengths):
+        for chunk, real, results in self._chunk_runs(ids, lengths):
             places = self._places(starts, chunk, real)
-            dense[chunk], weights[places], vectors[places] = rows, token_weights[real], token_vectors[real]
-        return HybridRows(dense, weights, vectors)
+            for whole, result, per_token in zip(out, results, (False, True, True), strict=True):
+                if whole is not None:
+                    whole[places if per_token else chunk] = result[real] if per_token else result
+        return HybridRows(*out)
 
     @staticmethod
     def _places(starts: np.ndarray, chunk: np.ndarray, real: np.ndarray) -> np.ndarray:

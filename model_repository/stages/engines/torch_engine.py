@@ -62,7 +62,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common.contract import PROJECTION_FILE, ServingSpec
+from common.contract import HYBRID_GRAPH_OUTPUTS, PROJECTION_FILE, ServingSpec
 
 from .base import Engine
 from .models import architecture
@@ -240,9 +240,12 @@ class TorchEngine(KernelCheck, Engine):
         vectors = F.linear(self.model.hidden_states(batch).float(), weight, bias)
         return F.normalize(vectors, p=2.0, dim=-1) if normalize else vectors
 
-    def forward_packed(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None):
+    def forward_packed(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None,
+                       wanted: frozenset[str] | None = None):  # fmt: skip
         """types: a pair model's token types; a multi-vector model's `attended` (1: the token is a key to its
-        sequence; 0 only for a suffix, a query's unattended expansion)."""
+        sequence; 0 only for a suffix, a query's unattended expansion). wanted: a hybrid model's outputs to copy out
+        (None: all; the graph computes all three either way)."""
+        wanted = HYBRID_GRAPH_OUTPUTS if wanted is None else wanted
         if self.model.pair_types:
             ids = ids | (types.astype(np.int32) << TYPE_SHIFT)
         n = len(lengths)
@@ -255,19 +258,19 @@ class TorchEngine(KernelCheck, Engine):
         tokens = len(ids)
         self.computed_tokens = tokens
         if not self.is_cuda:
-            return self._forward_cpu(ids, lengths, tokens, keys)
-        return self._forward_cuda(ids, lengths, tokens, max_len, keys)
+            return self._forward_cpu(ids, lengths, tokens, keys, wanted)
+        return self._forward_cuda(ids, lengths, tokens, max_len, keys, wanted)
 
-    def _rows(self, out):
+    def _rows(self, out, wanted):
         """The CPU batch's rows: fp32 [n, output_size], a sparse model's SparseRows or a hybrid model's HybridRows."""
         if self.hybrid:
-            return host_rows(out)
+            return host_rows(out, wanted)
         return nonzero_rows(out) if self.sparse else out.numpy().astype(np.float32, copy=True)
 
     @torch.inference_mode()
-    def _forward_cpu(self, ids, lens, tokens, keys):
+    def _forward_cpu(self, ids, lens, tokens, keys, wanted):
         if tokens <= self.cpu_tokens_per_call:
-            return self._rows(self._encode_eager(ids, lens, int(lens.max()), keys))
+            return self._rows(self._encode_eager(ids, lens, int(lens.max()), keys), wanted)
         out = torch.empty((tokens if self.multi_vector else len(lens), self.output_size), dtype=torch.float32)
         if self.hybrid:  # per sequence, per token, per token
             out = (out, torch.empty(tokens), torch.empty((tokens, self.hybrid_head.colbert_size)))
@@ -281,7 +284,7 @@ class TorchEngine(KernelCheck, Engine):
                     whole[torch.from_numpy(index)] = part
             else:
                 out[torch.from_numpy(places if self.multi_vector else rows)] = result
-        return self._rows(out)
+        return self._rows(out, wanted)
 
     def _encode_eager(self, ids: np.ndarray, lens: np.ndarray, max_len: int, keys=None) -> torch.Tensor:
         """One packed batch on its exact shape, without a graph (the CPU path; the kernels' self-check)."""
@@ -298,7 +301,7 @@ class TorchEngine(KernelCheck, Engine):
         return key_view(dev, tokens, seqs, self.tile_block) if self.multi_vector else None
 
     @torch.inference_mode()
-    def _forward_cuda(self, ids, lens, tokens, max_len, keys):
+    def _forward_cuda(self, ids, lens, tokens, max_len, keys, wanted):
         n = len(lens)
         graph = self.use_graphs and n <= self.max_batch and tokens <= self.max_graph_tokens
         if graph:
@@ -333,7 +336,7 @@ class TorchEngine(KernelCheck, Engine):
             if self.sparse:
                 return nonzero_rows(out[:n])
             if self.hybrid:
-                rows_of = self._hybrid_host.stage(out, n, tokens)
+                rows_of = self._hybrid_host.stage(out, n, tokens, wanted)
                 self._wait()
                 return rows_of()
             self._host_out[:rows].copy_(out[:rows], non_blocking=True)

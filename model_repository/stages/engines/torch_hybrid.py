@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common.contract import HYBRID_HEADS_FILE
+from common.contract import HYBRID_GRAPH_OUTPUTS, HYBRID_HEADS_FILE
 
 from .hybrid import HybridRows
 from .torch_ops import PackedBatch, TorchOps
@@ -53,18 +53,21 @@ class HybridHost:
         shapes = ((sequences, self.widths[0]), (tokens,), (tokens, self.widths[2]))
         return [torch.empty(shape, dtype=torch.float32, pin_memory=True) for shape in shapes]
 
-    def stage(self, out: tuple[torch.Tensor, ...], sequences: int, tokens: int):
-        """Queues the copies of the batch's rows on the current stream; the returned call, once the stream is done,
-        gives them as HybridRows."""
+    def stage(self, out: tuple[torch.Tensor, ...], sequences: int, tokens: int, wanted):
+        """Queues the copies of the batch's wanted rows on the current stream; the returned call, once the stream
+        is done, gives them as HybridRows."""
         if sequences > len(self.buffers[0]) or tokens > len(self.buffers[1]):
             self.buffers = self._pinned(max(sequences, len(self.buffers[0])), max(tokens, len(self.buffers[1])))
-        counts = (sequences, tokens, tokens)
+        counts = [count if name in wanted else 0 for name, count in
+                  zip(HYBRID_GRAPH_OUTPUTS, (sequences, tokens, tokens), strict=True)]  # fmt: skip
         for buffer, rows, count in zip(self.buffers, out, counts, strict=True):
-            buffer[:count].copy_(rows[:count], non_blocking=True)
-        return lambda: HybridRows(*(buffer[:count].numpy().copy() for buffer, count in zip(self.buffers, counts,
-                                                                                        strict=True)))  # fmt: skip
+            if count:
+                buffer[:count].copy_(rows[:count], non_blocking=True)
+        copied = zip(self.buffers, counts, strict=True)
+        return lambda: HybridRows(*(buffer[:count].numpy().copy() if count else None for buffer, count in copied))
 
 
-def host_rows(out: tuple[torch.Tensor, ...]) -> HybridRows:
-    """A CPU batch's outputs as HybridRows."""
-    return HybridRows(*(rows.numpy().astype(np.float32, copy=True) for rows in out))
+def host_rows(out: tuple[torch.Tensor, ...], wanted) -> HybridRows:
+    """A CPU batch's wanted outputs as HybridRows."""
+    return HybridRows(*(rows.numpy().astype(np.float32, copy=True) if name in wanted else None
+                        for name, rows in zip(HYBRID_GRAPH_OUTPUTS, out, strict=True)))  # fmt: skip
