@@ -1,0 +1,211 @@
+"""Task multi_vector (ColBERT): issue 34's tokens/s against PyLate, the engines as the stage runs them against
+sentence-transformers' MultiVectorEncoder on the same texts, in one process.
+
+    python -m bench.multi_vector_bench --device cpu|cuda --out DIR [--shape bert-base] [--batch 64,1] [--texts 1024]
+                                       [--passes 3] [--threads N] [--tokenizer FILE] [--side document|query|both]
+
+PyLate itself is not installable beside transformers 5; sentence-transformers' MultiVectorEncoder reads PyLate
+checkpoints and is the reference this project tests against (tests/model/test_multi_vector.py), so it stands in.
+Model: random weights of the preset's shape (bert-base: MiniLM's WordPiece vocabulary), exported as task
+multi_vector by the project's export as settings/variants/colbert.toml's random-init source is (PyLate's defaults:
+[Q] / [D] prompts, queries expanded with [MASK] to 32 tokens, string.punctuation skipped in documents, a random
+projection to 128, normalized). The reference is a MultiVectorEncoder built from that same export: Transformer (the
+export's folder with serving.json's expansion and lengths), Dense (projection.npz, Identity), MultiVectorMask (the
+same skiplist words), Normalize, and serving.json's prompts; fp16 on CUDA, fp32 on the CPU.
+Texts: loadtest/corpus.txt, as documents and (truncated and expanded as queries are) as queries. Runners, each
+called once per batch of --batch texts: sentence_transformers (encode_document / encode_query, batch_size the
+batch), the torch engine (fp16 on CUDA, fp32 on the CPU) and onnxruntime_cpu (CPU only), the engines loaded as the
+stage loads them and called through the stage's path: MultiVectorSides.encode (tokenizing), forward_packed, and
+multi_vector_output.answer (the request's padded token_vectors and token_counts).
+Per side, runner and batch size: texts/s and kept token vectors/s (tokens_per_s) of the best of --passes timed
+passes after an untimed one; the peak memory during them over what the runner held once loaded; the ratio to
+sentence_transformers; and, on the first batch, the agreement with it (the same token count per text, the lowest
+cosine of a token's vector to the reference's: at least 0.999 in fp16, 0.9999 in fp32).
+Writes DIR/multi_vector_bench.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import string
+import tempfile
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bench.record import header, write
+from bench.sparse_bench import MEMORY, PeakGrowth, measure, split
+from common.contract import PROJECTION_FILE, TOKEN_COUNTS, TOKEN_VECTORS
+from common.multi_vector import MultiVectorSpec
+from export.__main__ import export
+from loadtest.corpus import load_text
+from model_repository.stages.engines import load_engine
+from model_repository.stages.engines.models import presets
+from model_repository.stages.multi_vector_output import MultiVectorSides, answer
+from settings import ROOT, load_settings
+
+SETTINGS = ROOT / "settings" / "variants" / "colbert.toml"
+SKIPLIST = list(string.punctuation)  # PyLate's, as the random-init export's (export/multi_vector_export.py)
+MIN_COSINE = {"fp16": 0.999, "fp32": 0.9999}
+SIDES = ("document", "query")
+
+
+def reference_encoder(folder: Path, spec: MultiVectorSpec, max_tokens: int, device: str):
+    """A MultiVectorEncoder of the export's weights, projection, sides and prompts (fp16 on CUDA)."""
+    from sentence_transformers import MultiVectorEncoder
+    from sentence_transformers.base.modules import Normalize, Transformer
+    from sentence_transformers.base.modules.dense import Dense
+    from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
+    from tokenizers import Tokenizer
+
+    expansion = None
+    if spec.expansion_id is not None:
+        token = Tokenizer.from_file(str(folder / "tokenizer.json")).id_to_token(spec.expansion_id)
+        expansion = {"strategy": spec.expansion_strategy, "attend": spec.expansion_attended,
+                     "token": token, "length": spec.expansion_length}  # fmt: skip
+    transformer = Transformer(str(folder), query_expansion=expansion, query_length=spec.query_max_tokens,
+                              document_length=spec.document_max_tokens, max_seq_length=max_tokens)  # fmt: skip
+    with np.load(folder / PROJECTION_FILE) as arrays:
+        weight, bias, normalize = arrays["weight"], arrays.get("bias"), bool(arrays["normalize"])
+    dense = Dense(weight.shape[1], weight.shape[0], bias=bias is not None, activation_function=torch.nn.Identity(),
+                  init_weight=torch.from_numpy(weight), init_bias=None if bias is None else torch.from_numpy(bias),
+                  module_input_name="token_embeddings")  # fmt: skip
+    tasks = [side for side, skips in (("query", spec.skiplist_query), ("document", spec.skiplist_document)) if skips]
+    modules = [transformer, dense, MultiVectorMask(SKIPLIST, skiplist_tasks=tasks or None)]
+    if normalize:
+        modules.append(Normalize(module_input_name="token_embeddings"))
+    prompts = {"query": spec.query_prompt, "document": spec.document_prompt}
+    model = MultiVectorEncoder(modules=modules, prompts={k: v for k, v in prompts.items() if v}, device=device)
+    return model.half() if device == "cuda" else model
+
+
+def served_call(engine, sides: MultiVectorSides, side: str):
+    """A batch of texts as the stage answers one request of them: tokenized, encoded, the answer built."""
+
+    def call(texts: list[str]) -> dict[str, np.ndarray]:
+        ids, lengths, attended, kept = sides.encode(texts, side)
+        return answer(engine.forward_packed(ids, lengths, attended), lengths, kept)
+
+    return call
+
+
+def per_text(out: dict[str, np.ndarray]) -> list[np.ndarray]:
+    return [vectors[:count] for vectors, (count,) in zip(out[TOKEN_VECTORS], out[TOKEN_COUNTS], strict=True)]
+
+
+def agreement(served: list[np.ndarray], reference: list, precision: str) -> dict:
+    """The same token count per text, and the lowest cosine of a token's vector to the reference's."""
+    reference = [np.asarray(rows.float().cpu() if torch.is_tensor(rows) else rows, np.float32) for rows in reference]
+    same = sum(len(a) == len(b) for a, b in zip(served, reference, strict=True))
+    row = {"same_token_counts": f"{same}/{len(served)}", "min_cosine": float("nan")}
+    if same == len(served):
+        a, b = np.concatenate(served), np.concatenate(reference)
+        row["min_cosine"] = float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
+    row["ok"] = same == len(served) and row["min_cosine"] >= MIN_COSINE[precision]
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    import sentence_transformers
+
+    parser = argparse.ArgumentParser(prog="python -m bench.multi_vector_bench", description=__doc__)
+    parser.add_argument("--device", choices=("cpu", "cuda"), required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--shape", choices=list(presets()), default="bert-base", help="random-init preset")
+    parser.add_argument("--batch", help="batch sizes, comma-separated (default 32 on the CPU, 64,1 on CUDA)")
+    parser.add_argument("--texts", type=int, default=1024, help="corpus texts per pass")
+    parser.add_argument("--passes", type=int, default=3, help="timed passes; the best counts")
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads of every runner")
+    parser.add_argument("--tokenizer", type=Path, help="tokenizer.json of the preset (default: MiniLM's package)")
+    parser.add_argument("--side", choices=(*SIDES, "both"), default="document", help="which side's texts")
+    args = parser.parse_args(argv)
+    sizes = [int(size) for size in (args.batch or ("32" if args.device == "cpu" else "64,1")).split(",")]
+    sides_run = list(SIDES) if args.side == "both" else [args.side]
+    settings = load_settings(SETTINGS)
+    max_tokens, precision = settings.model.max_tokens, "fp32" if args.device == "cpu" else "fp16"
+    torch.set_num_threads(args.threads)  # MultiVectorEncoder's; the engines set theirs from the options
+    texts = [text for text in load_text() if text.strip()][: args.texts]
+    memory = PeakGrowth(args.device)
+    record = header("multi_vector_bench", argv) | {
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
+        "torch": torch.__version__,
+        "sentence_transformers": sentence_transformers.__version__,
+        **{"shape": args.shape, "precision": precision, "threads": args.threads, "passes": args.passes},
+        "memory": MEMORY[memory.method],
+        "texts": len(texts),
+    }
+    with tempfile.TemporaryDirectory(prefix="multi_vector_bench_") as work:
+        folder = Path(work) / "export"
+        report = export(f"random-init:{args.shape}", "multi_vector", max_tokens, folder, settings.engine.onnx_opset,
+                        settings.engine.onnx_tolerance, args.tokenizer, onnx=args.device == "cpu")  # fmt: skip
+        raw_spec = json.loads((folder / "serving.json").read_text())["multi_vector"]
+        sides = MultiVectorSides(folder / "tokenizer.json", raw_spec)
+        record |= {"export_s": report["seconds"], "multi_vector": raw_spec, "sides": {}}
+        for side in sides_run:
+            _, lengths, _, kept = sides.encode(texts, side)
+            record["sides"][side] = {
+                "mean_tokens": float(lengths.mean()),
+                "kept_tokens": int(kept.sum()),
+                "batches": {str(size): {} for size in sizes},
+            }
+        runners = ["sentence_transformers", "torch", *(["onnxruntime_cpu"] if args.device == "cpu" else [])]
+        reference = {}
+        for name in runners:
+            if name == "sentence_transformers":
+                model = reference_encoder(folder, sides.spec, max_tokens, args.device)
+            else:  # the options the stage passes (model_repository/configs.py)
+                options = {"precision": precision, "threads": args.threads, **settings.engine.options}
+                model = load_engine(name, folder, args.device, options)
+            memory.loaded()
+            for side in sides_run:
+                for size in sizes:
+                    if name == "sentence_transformers":
+                        encode = model.encode_query if side == "query" else model.encode_document
+                        call = partial(encode, batch_size=size, show_progress_bar=False, convert_to_numpy=True)
+                    else:
+                        call = served_call(model, sides, side)
+                    first, row = measure(call, split(texts, size), args.passes, memory)
+                    if name == "sentence_transformers":
+                        reference[side, size] = first
+                    else:
+                        row["agreement"] = agreement(per_text(first), reference[side, size], precision)
+                    kept_tokens = record["sides"][side]["kept_tokens"]
+                    row["tokens_per_s"] = row["texts_per_s"] * kept_tokens / len(texts)
+                    record["sides"][side]["batches"][str(size)][name] = row
+            del model, call
+            gc.collect()
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
+    for side in record["sides"].values():
+        for runs in side["batches"].values():
+            base = runs["sentence_transformers"]["texts_per_s"]
+            for row in runs.values():
+                row["vs_sentence_transformers"] = row["texts_per_s"] / base
+    args.out.mkdir(parents=True, exist_ok=True)
+    write(args.out, record)
+    print_table(record)
+    return 0
+
+
+def print_table(record: dict) -> None:
+    print(f"{'side':<8} {'batch':>5} {'runner':<22} {'texts/s':>9} {'tokens/s':>10} {'vs ST':>6} {'peak MiB':>9} "
+          f"{'counts':>9} {'min cos':>8}")  # fmt: skip
+    for side, runs_by_size in record["sides"].items():
+        for size, runs in runs_by_size["batches"].items():
+            for name, row in runs.items():
+                check = row.get("agreement", {"same_token_counts": "-", "min_cosine": float("nan")})
+                cells = (
+                    f"{row['texts_per_s']:>9.1f} {row['tokens_per_s']:>10.0f} {row['vs_sentence_transformers']:>5.2f}x"
+                )
+                print(f"{side:<8} {size:>5} {name:<22} {cells} {row['peak_growth_bytes'] / 2**20:>9.1f} "
+                      f"{check['same_token_counts']:>9} {check['min_cosine']:>8.6f}")  # fmt: skip
+        print(f"{side:<8} mean tokens per text {runs_by_size['mean_tokens']:.1f}, kept {runs_by_size['kept_tokens']}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
