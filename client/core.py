@@ -122,9 +122,10 @@ def pair_inputs(module, encoded: Sequence[bytes], query: bytes | None) -> list:
 
 
 def decode_outputs(result, names: Sequence[str]) -> dict[str, np.ndarray]:
-    outputs = {name: result.as_numpy(name) for name in names}
+    """The outputs the answer holds: a model may declare outputs only some requests get (an embedder's late chunks)."""
+    outputs = {name: value for name in names if (value := result.as_numpy(name)) is not None}
     for name, value in outputs.items():
-        if value is not None and value.dtype == np.object_:
+        if value.dtype == np.object_:
             outputs[name] = np.array([item.decode("utf-8") for item in value.reshape(-1)], dtype=object)
     return outputs
 

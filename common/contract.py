@@ -30,10 +30,16 @@ SPARSE_HEAD_FILE = "sparse_head.npz"  # the MLM decoder (weight [vocab, hidden],
 # request's most kept tokens, dim], zeros past a text's own) and how many it kept (int32 [texts, 1]).
 TOKEN_VECTORS = "token_vectors"
 TOKEN_COUNTS = "token_counts"
+# Late chunking of an embedder: the KServe request parameter chunk_tokens (int >= 1) has each text read in one pass
+# and its own tokens mean-pooled per chunk of that many; the answer per request: chunk_embeddings fp32 [texts, its
+# most chunks, dim], zeros past a text's own, and chunk_counts int32 [texts, 1].
+CHUNK_TOKENS = "chunk_tokens"
+CHUNK_EMBEDDINGS = "chunk_embeddings"
+CHUNK_COUNTS = "chunk_counts"
 INPUT_TYPE = "input_type"  # KServe request parameter of a multi-vector model: query | document (the default)
 INPUT_TYPES = ("query", "document")
 # Outputs padded to the widest part when several requests' outputs are joined, and with what.
-PADDED_OUTPUTS = {**SPARSE_PADDING, TOKEN_VECTORS: 0.0}
+PADDED_OUTPUTS = {**SPARSE_PADDING, TOKEN_VECTORS: 0.0, CHUNK_EMBEDDINGS: 0.0}
 PROJECTION_FILE = "projection.npz"  # a multi-vector model's Dense (weight [dim, hidden], bias if any), for torch
 # A hybrid model's (BGE-M3's) graph outputs, from one pass: each text's dense vector, each token's lexical weight
 # (ReLU of the sparse head) and each token's colbert vector; the stage answers the dense, sparse and multi-vector

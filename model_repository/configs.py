@@ -6,6 +6,8 @@ from __future__ import annotations
 from tritonclient.grpc import model_config_pb2 as mc
 
 from common.contract import (
+    CHUNK_COUNTS,
+    CHUNK_EMBEDDINGS,
     HYBRID_HEADS_FILE,
     OPTION_PREFIX,
     PROJECTION_FILE,
@@ -199,6 +201,16 @@ def _task_outputs(spec: ServingSpec) -> list[mc.ModelOutput]:
     return [dense, tokens]
 
 
+def _late_chunk_outputs(spec: ServingSpec) -> list[mc.ModelOutput]:
+    """An embedder's late chunks (stages/late_chunking.py), which the one-stage model alone answers."""
+    if spec.task != "embedding":
+        return []
+    return [
+        _tensor(mc.ModelOutput, CHUNK_EMBEDDINGS, mc.TYPE_FP32, [-1, spec.output_size]),
+        _tensor(mc.ModelOutput, CHUNK_COUNTS, mc.TYPE_INT32, [1]),
+    ]
+
+
 def _sparse(settings: Settings) -> dict[str, object]:
     """A sparse model's defaults for what each text's answer keeps (a request's parameters override them)."""
     if settings.model.task not in ("sparse", "hybrid"):
@@ -218,7 +230,7 @@ def one_stage_config(settings: Settings, spec: ServingSpec, names: ServedNames) 
         names.model,
         settings.encoder,
         input=_text_inputs(spec),
-        output=_task_outputs(spec),
+        output=[*_task_outputs(spec), *_late_chunk_outputs(spec)],
         parameters=_parameters({**_text_limits(settings, spec), **_engine_parameters(settings), **_sparse(settings)}),
         model_warmup=_text_warmup(spec, settings.ensemble.max_batch_size),
     )

@@ -68,12 +68,14 @@ def expand(ids: np.ndarray, lengths: np.ndarray, spec: MultiVectorSpec) -> tuple
     return out, grown, attended
 
 
-def answer(vectors: np.ndarray, lengths: np.ndarray, kept: np.ndarray) -> dict[str, np.ndarray]:
-    """One request's outputs from its texts' packed token vectors [tokens, dim], lengths and kept flags."""
+def answer(vectors: np.ndarray, lengths: np.ndarray, kept: np.ndarray,
+           names: tuple[str, str] = (TOKEN_VECTORS, TOKEN_COUNTS)) -> dict[str, np.ndarray]:  # fmt: skip
+    """One request's outputs from its texts' packed vectors [rows, dim] (a token's each, or a late chunk's), each
+    text's rows and which of them are kept: the kept ones per text, zero-padded, and their counts (`names`)."""
     text_of = np.repeat(np.arange(len(lengths)), lengths)[kept]
     counts = np.bincount(text_of, minlength=len(lengths))
     width = max(1, int(counts.max()) if len(counts) else 0)
     out = np.zeros((len(lengths), width, vectors.shape[1]), dtype=np.float32)
     places = np.arange(len(text_of)) - (np.cumsum(counts) - counts)[text_of]
     out[text_of, places] = vectors[kept]
-    return {TOKEN_VECTORS: out, TOKEN_COUNTS: counts.astype(np.int32).reshape(-1, 1)}
+    return {names[0]: out, names[1]: counts.astype(np.int32).reshape(-1, 1)}

@@ -26,6 +26,7 @@ from common.contract import QUERY_INPUT, SCORE_OUTPUT, TEXT_INPUT, TOKENS_OUTPUT
 
 from .classification import label_array, scores_and_labels
 from .hybrid_output import HybridOutput
+from .late_chunking import LateChunking, chunk_size
 from .model_args import engine_from_args, instance_count, model_config
 from .multi_vector_output import MultiVectorSides, answer
 from .parent_watch import exit_with_parent
@@ -45,6 +46,7 @@ class TritonPythonModel:
         self.pairs = spec.pairs
         self.sparse = SparseOutput(params) if spec.task == "sparse" else None
         self.hybrid = HybridOutput(params, spec.hybrid) if spec.task == "hybrid" else None
+        self.late = LateChunking(*self.text.special_tokens()) if spec.task == "embedding" else None
         multi = spec.task == "multi_vector"
         self.sides = MultiVectorSides(version_dir / "tokenizer.json", spec.multi_vector) if multi else None
         self._create_metrics(args, int(config["max_batch_size"]))
@@ -57,11 +59,29 @@ class TritonPythonModel:
     def execute(self, requests: list) -> list:
         if self.sides is not None:
             return self._multi_vector(requests)
+        if self.late is None:
+            return self._batch(requests)
+        responses: list = [None] * len(requests)  # an embedder's: each late chunk size's requests apart
+        groups: dict[int | None, list[int]] = {}
+        for index, request in enumerate(requests):
+            try:
+                groups.setdefault(chunk_size(request.parameters()), []).append(index)
+            except ValueError as exc:
+                responses[index] = refused(str(exc))
+        for size, indices in groups.items():
+            for index, response in zip(indices, self._batch([requests[i] for i in indices], size), strict=True):
+                responses[index] = response
+        return responses
+
+    def _batch(self, requests: list, chunk_tokens: int | None = None) -> list:
+        """Requests tokenized and run together; with chunk_tokens, an embedder's late chunks."""
         texts_in = [pb_utils.get_input_tensor_by_name(request, TEXT_INPUT).as_numpy() for request in requests]
         queries_in = (
             [pb_utils.get_input_tensor_by_name(r, QUERY_INPUT).as_numpy() for r in requests] if self.pairs else None
         )
         parts, ids, lengths, types = self.text.tokenize(texts_in, queries_in)
+        if chunk_tokens is not None:
+            return self._late_chunks(requests, parts, ids, lengths, chunk_tokens)
         wanted = self.hybrid.wanted(requests) if self.hybrid is not None else None
         outputs = self.engine.forward_packed(ids, lengths, types, wanted) if len(lengths) else None
         self._record(len(requests), lengths)
@@ -97,6 +117,27 @@ class TritonPythonModel:
                 tensors = [pb_utils.Tensor("scores", outputs[0][part]), pb_utils.Tensor("label", outputs[1][part])]
             tensors.append(pb_utils.Tensor(TOKENS_OUTPUT, tokens[part]))
             responses.append(pb_utils.InferenceResponse(tensors))
+        return responses
+
+    def _late_chunks(self, requests: list, parts: list, ids: np.ndarray, lengths: np.ndarray, size: int) -> list:
+        """Each text in one pass, its chunks of `size` tokens pooled (late_chunking.py); the engine's refusal (one
+        that pools whole sequences only) is every request's."""
+        bounds, per_text, kept = self.late.spans(lengths, size)
+        try:
+            pooled = self.engine.pool_spans(ids, lengths, bounds) if len(lengths) else None
+        except (NotImplementedError, ValueError) as exc:
+            return [refused(part if isinstance(part, str) else str(exc)) for part in parts]
+        self._record(len(requests), lengths)
+        span_ends = np.concatenate([[0], np.cumsum(per_text)])
+        responses = []
+        for part in parts:
+            if isinstance(part, str):
+                responses.append(refused(part))
+                continue
+            spans = slice(span_ends[part.start], span_ends[part.stop])
+            outputs = self.late.tensors(pooled[spans], per_text[part], kept[spans])
+            outputs[TOKENS_OUTPUT] = lengths[part].astype(np.int32).reshape(-1, 1)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in outputs.items()]))
         return responses
 
     def _multi_vector(self, requests: list) -> list:

@@ -105,6 +105,11 @@ class TextInput:
         self.max_text_bytes = int(params["max_text_bytes"])
         self.max_request_bytes = int(params["max_request_bytes"])
 
+    def special_tokens(self) -> tuple[int, int]:
+        """How many special tokens the tokenizer puts before a text's own and after them ([CLS] ... [SEP]: 1, 1)."""
+        added = self.tokenizer.tokenizer.num_special_tokens_to_add(False)
+        return min(added, 1), added - min(added, 1)
+
     def gather(self, raws: list[np.ndarray]) -> tuple[list[str], list[slice | str]]:
         return gather_texts(raws, self.max_text_bytes, self.max_request_bytes)
 

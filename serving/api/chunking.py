@@ -9,7 +9,11 @@ exact substring of the original. A substring can tokenize into more tokens than 
 (a byte-level BPE character split over two tokens, cut between them, comes back whole): every window is
 tokenized again and, where it is over, shrunk by a token until it fits, so no window is truncated by the stages.
 
-Late chunking (one pass over the whole document, pooled per span) needs the engine to pool per span: not built."""
+Late chunking, `"chunking": {"late_chunk_tokens": M}` (with overlap_tokens or not): each window is read in one pass
+and its own tokens are cut into chunks of M, each chunk's token states mean-pooled (the stage's late_chunking.py,
+the torch engine's pool_spans), so that a chunk's vector carries what the rest of its window says; the answer
+gives every chunk with its character span. A long-context model (ModernBERT: 8,192 tokens) reads a whole
+document in one window."""
 
 from __future__ import annotations
 
@@ -20,6 +24,12 @@ from serving.api.schema import ApiError
 
 # Fields that change what a text is before it is read; a window is a span of the text as sent, so they are refused.
 EXCLUSIVE = ("prompt_name", "truncate", "truncation_direction")
+
+
+@dataclass(frozen=True)
+class Chunking:
+    overlap: int  # tokens consecutive windows share
+    late_tokens: int | None  # late chunking: chunks of this many tokens pooled from each window's pass
 
 
 @dataclass(frozen=True)
@@ -38,15 +48,16 @@ def text_room(model: ServedModel) -> int:
     return model.settings.model.max_tokens - model.whole.num_special_tokens_to_add(False)
 
 
-def requested_overlap(body: dict, model: ServedModel) -> int | None:
-    """The request's chunking.overlap_tokens (0 when the object gives none); None when it asks for no chunking.
+def requested_chunking(body: dict, model: ServedModel) -> Chunking | None:
+    """The request's chunking (overlap_tokens 0 when the object gives none); None when it asks for no chunking.
     Every bad field is a 400 naming it."""
     chunking = body.get("chunking")
     if chunking is None:
         return None
     if not isinstance(chunking, dict):
-        raise ApiError(400, "'chunking' must be an object, {\"overlap_tokens\": int}", "chunking")
-    unknown = sorted(set(chunking) - {"overlap_tokens"})
+        message = '\'chunking\' must be an object, {"overlap_tokens": int, "late_chunk_tokens": int}'
+        raise ApiError(400, message, "chunking")
+    unknown = sorted(set(chunking) - {"overlap_tokens", "late_chunk_tokens"})
     if unknown:
         raise ApiError(400, f"unknown fields: chunking.{unknown[0]}", f"chunking.{unknown[0]}")
     for field in EXCLUSIVE:
@@ -57,7 +68,17 @@ def requested_overlap(body: dict, model: ServedModel) -> int | None:
     if isinstance(overlap, bool) or not isinstance(overlap, int) or not 0 <= overlap < room:
         message = f"'chunking.overlap_tokens' must be an integer in 0..{room - 1}: {model.name}'s window holds {room}"
         raise ApiError(400, message, "chunking.overlap_tokens")
-    return overlap
+    late = chunking.get("late_chunk_tokens")
+    if late is not None:
+        if isinstance(late, bool) or not isinstance(late, int) or not 1 <= late <= room:
+            message = (
+                f"'chunking.late_chunk_tokens' must be an integer in 1..{room}: {model.name}'s window holds {room}"
+            )
+            raise ApiError(400, message, "chunking.late_chunk_tokens")
+        if model.settings.topology != "one_stage":
+            message = f"late chunking is answered by the one-stage model; {model.name} is served in two stages"
+            raise ApiError(400, message, "chunking.late_chunk_tokens")
+    return Chunking(overlap, late)
 
 
 def _fits(model: ServedModel, text: str) -> bool:
@@ -113,6 +134,15 @@ def document_windows(model: ServedModel, texts: list[str], overlap: int, param: 
     if count > limit:
         raise ApiError(413, f"'{param}' makes {count} windows; at most {limit} per request", param)
     return windows
+
+
+def chunk_spans(model: ServedModel, text: str, size: int) -> list[tuple[int, int]]:
+    """The [start, end) character spans of a window's late chunks: its own tokens, `size` at a time (the stage cuts
+    the same tokens: the window's, which fit the model)."""
+    offsets = model.whole.encode(text, add_special_tokens=False).offsets
+    return [
+        (offsets[first][0], offsets[min(first + size, len(offsets)) - 1][1]) for first in range(0, len(offsets), size)
+    ]
 
 
 def window_texts(texts: list[str], windows: list[Window]) -> list[bytes]:

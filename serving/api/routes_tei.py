@@ -19,10 +19,10 @@ from common.contract import (
     TEXT_INPUT,
 )
 from protocol.sparse import entries
-from serving.api.chunking import document_windows, requested_overlap, window_texts
+from serving.api.chunking import requested_chunking
 from serving.api.models import ServedModel
 from serving.api.routes_multi_vector import embed_all
-from serving.api.routes_openai import embed_texts
+from serving.api.routes_openai import embed_chunks, embed_texts
 from serving.api.schema import (
     ApiError,
     dimensions,
@@ -64,16 +64,15 @@ async def embed(request: web.Request) -> web.Response:
     model = api_of(request).models.for_task("embedding")
     encoded, body = tei_request(await read_json(request), model.limits, EMBED_FIELDS)
     width = dimensions(body.get("dimensions"), model.limits)
-    normalize, overlap = body.get("normalize", True), requested_overlap(body, model)
-    if overlap is None:
+    normalize, chunking = body.get("normalize", True), requested_chunking(body, model)
+    if chunking is None:
         vectors, _ = await embed_texts(request, model, prepared(model, encoded, body), width, normalize)
         return answer(vectors)
     texts = [data.decode("utf-8") for data in encoded]
-    windows = document_windows(model, texts, overlap, "inputs")
-    vectors, _ = await embed_texts(request, model, window_texts(texts, windows), width, normalize)
-    per_text = [[] for _ in texts]  # with chunking: each text's windows, {"embedding", "span"}
-    for vector, window in zip(vectors, windows, strict=True):
-        per_text[window.text_index].append({"embedding": vector, "span": window.span})
+    vectors, _, places = await embed_chunks(request, model, texts, chunking, width, normalize, "inputs")
+    per_text = [[] for _ in texts]  # with chunking: each text's windows (or late chunks), {"embedding", "span"}
+    for vector, (text_index, span) in zip(vectors, places, strict=True):
+        per_text[text_index].append({"embedding": vector, "span": span})
     return answer(per_text)
 
 

@@ -10,7 +10,14 @@ import itertools
 
 import pytest
 
-from serving.api.chunking import document_windows, requested_overlap, text_room, text_spans, window_texts
+from serving.api.chunking import (
+    Chunking,
+    document_windows,
+    requested_chunking,
+    text_room,
+    text_spans,
+    window_texts,
+)
 from serving.api.models import served_model
 from serving.api.schema import ApiError
 from settings import Deployment
@@ -129,15 +136,20 @@ def test_windows_of_several_texts_keep_their_text_and_the_request_limit(default_
         ({"overlap_tokens": True}, {}, "chunking.overlap_tokens", "must be an integer"),
         ({}, {"prompt_name": "query"}, "prompt_name", "does not combine with 'chunking'"),
         ({}, {"truncation_direction": "Left"}, "truncation_direction", "does not combine"),
+        ({"late_chunk_tokens": 0}, {}, "chunking.late_chunk_tokens", "in 1..254"),
+        ({"late_chunk_tokens": 255}, {}, "chunking.late_chunk_tokens", "window holds 254"),
+        ({"late_chunk_tokens": True}, {}, "chunking.late_chunk_tokens", "must be an integer"),
     ],
 )
 def test_bad_chunking_fields_are_named(default_model, chunking, extra, param, message):
     with pytest.raises(ApiError) as refused:
-        requested_overlap({"chunking": chunking, **extra}, default_model)
+        requested_chunking({"chunking": chunking, **extra}, default_model)
     assert refused.value.status == 400 and refused.value.param == param and message in refused.value.message
 
 
 def test_no_chunking_asked_is_none_and_an_empty_object_no_overlap(default_model):
-    assert requested_overlap({"input": "x"}, default_model) is None
-    assert requested_overlap({"chunking": {}}, default_model) == 0
-    assert requested_overlap({"chunking": {"overlap_tokens": 253}}, default_model) == 253
+    assert requested_chunking({"input": "x"}, default_model) is None
+    assert requested_chunking({"chunking": {}}, default_model) == Chunking(0, None)
+    assert requested_chunking({"chunking": {"overlap_tokens": 253}}, default_model) == Chunking(253, None)
+    late = {"chunking": {"overlap_tokens": 8, "late_chunk_tokens": 254}}
+    assert requested_chunking(late, default_model) == Chunking(8, 254)

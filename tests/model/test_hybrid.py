@@ -34,7 +34,7 @@ from protocol.sparse import entries
 from tests.checkpoints import MAX_TOKENS, make_checkpoint, make_hybrid_checkpoint
 from tests.model.flag_reference import m3_embedder
 from tests.model.test_engine_torch import gpu
-from tests.model.test_stage_execute import Backend, assert_served_as_alone, loaded_stage
+from tests.model.test_stage_execute import Backend, Request, assert_served_as_alone, loaded_stage
 
 LONG_TEXT = " ".join(["Triton batches requests, from many clients, into one call to the model."] * 20)
 ALL = ("embedding", SPARSE_INDICES, SPARSE_VALUES, TOKEN_VECTORS, TOKEN_COUNTS, TOKENS_OUTPUT)
@@ -64,20 +64,6 @@ def hybrid(settings, tmp_path_factory) -> Hybrid:
     return Hybrid(folder / "export", encoded)
 
 
-class Request(dict):
-    """A request as the stage reads it: its texts, its KServe parameters (JSON) and the outputs it asks for."""
-
-    def __init__(self, texts: list[str], asked: tuple[str, ...] = ALL, parameters: dict | None = None) -> None:
-        super().__init__(text=np.array([[text.encode()] for text in texts], dtype=np.object_))
-        self.asked, self._parameters = list(asked), json.dumps(parameters or {})
-
-    def parameters(self) -> str:
-        return self._parameters
-
-    def requested_output_names(self) -> list[str]:
-        return self.asked
-
-
 @pytest.fixture(params=["onnxruntime_cpu", "torch"])
 def stage(hybrid, settings, monkeypatch, tmp_path, request):
     """The one-stage model on a repository generated for the engine (the torch one reads the heads' file)."""
@@ -105,7 +91,7 @@ def test_a_bge_m3_checkpoint_exports_its_heads(hybrid):
 def test_one_execute_gives_the_references_three_outputs(hybrid, stage):
     """Dense within 1e-5, the same lexical token ids with weights within 1e-4, the same colbert vector count per
     text at cosine >= 0.9999, and the token counts the tokenizer gave."""
-    (response,) = stage.execute([Request(TEXTS)])
+    (response,) = stage.execute([Request(TEXTS, asked=ALL)])
     assert response.error is None and set(response.outputs) == set(ALL)
     reference = hybrid.reference
     np.testing.assert_allclose(response.outputs["embedding"], reference["dense_vecs"], atol=1e-5)
@@ -128,11 +114,11 @@ def test_each_request_gets_what_it_asks_for_as_alone(stage):
     """One batch: dense only, sparse cut to its top 3, colbert only, a refused sparse_top_k, and everything: each
     response is what its request gets alone, the refused one INVALID_ARG naming the parameter."""
     requests = [
-        Request(TEXTS[:2], ("embedding", TOKENS_OUTPUT)),
-        Request(TEXTS[2:5], (SPARSE_INDICES, SPARSE_VALUES), {"sparse_top_k": 3}),
-        Request(TEXTS[5:6], (TOKEN_VECTORS, TOKEN_COUNTS)),
-        Request(TEXTS[6:7], (SPARSE_INDICES, SPARSE_VALUES), {"sparse_top_k": -1}),
-        Request(TEXTS[7:]),
+        Request(TEXTS[:2], asked=("embedding", TOKENS_OUTPUT)),
+        Request(TEXTS[2:5], {"sparse_top_k": 3}, (SPARSE_INDICES, SPARSE_VALUES)),
+        Request(TEXTS[5:6], asked=(TOKEN_VECTORS, TOKEN_COUNTS)),
+        Request(TEXTS[6:7], {"sparse_top_k": -1}, (SPARSE_INDICES, SPARSE_VALUES)),
+        Request(TEXTS[7:], asked=ALL),
     ]
     together = stage.execute(requests)
     alone = [stage.execute([request])[0] for request in requests]

@@ -26,7 +26,7 @@ from model_repository.stages.engines.torch_engine import key_lengths
 from model_repository.stages.multi_vector_output import MultiVectorSides, answer
 from tests.checkpoints import MAX_TOKENS, make_multi_vector_checkpoint
 from tests.model.test_engine_torch import ROOT, _variant_id, gpu
-from tests.model.test_stage_execute import assert_served_as_alone, loaded_stage
+from tests.model.test_stage_execute import Request, assert_served_as_alone, loaded_stage
 
 sentence_transformers = pytest.importorskip("sentence_transformers")
 
@@ -124,17 +124,6 @@ def test_a_bad_input_type_is_named():
     with pytest.raises(ValueError, match="input_type"):
         MultiVectorSides.side(json.dumps({"input_type": "passage"}))
     assert MultiVectorSides.side("") == "document"
-
-
-class Request(dict):
-    """A request as the stage reads it: its inputs by name, and its KServe parameters (JSON)."""
-
-    def __init__(self, texts: list[str], parameters: dict) -> None:
-        super().__init__(text=np.array([[text.encode()] for text in texts], dtype=np.object_))
-        self._parameters = json.dumps(parameters)
-
-    def parameters(self) -> str:
-        return self._parameters
 
 
 @pytest.mark.parametrize("kind", ["onnxruntime_cpu", "torch"])

@@ -51,6 +51,22 @@ class Backend:
         return types.SimpleNamespace(as_numpy=lambda: request[name])
 
 
+class Request(dict):
+    """A request as the stages read it: its texts (str or UTF-8 bytes), its KServe parameters (JSON) and the outputs
+    it names (none: Triton then asks for every output, which a hybrid model's stage reads as all)."""
+
+    def __init__(self, texts: list, parameters: dict | None = None, asked: tuple[str, ...] = ()) -> None:
+        rows = [[text if isinstance(text, bytes) else text.encode()] for text in texts]
+        super().__init__(text=np.array(rows, dtype=np.object_))
+        self._parameters, self.asked = json.dumps(parameters or {}), list(asked)
+
+    def parameters(self) -> str:
+        return self._parameters
+
+    def requested_output_names(self) -> list[str]:
+        return self.asked
+
+
 def loaded_stage(monkeypatch, settings, export_dir: Path, folder: Path, stage: str):
     """The stage module's TritonPythonModel, initialized as Triton would on the repository generated from
     settings and export_dir into folder, with Backend standing in for Triton's Python API."""
@@ -97,7 +113,7 @@ def test_a_refused_request_in_an_execute_fails_alone(monkeypatch, settings, expo
     chosen = dataclasses.replace(settings, ensemble=dataclasses.replace(settings.ensemble, topology=topology))
     instance = loaded_stage(monkeypatch, chosen, exported, tmp_path / "repo", stage)
     huge = over_limit_texts(settings.tokenizer.max_text_bytes)["one-byte-over"]
-    requests = [{"text": np.array([[text]], dtype=np.object_)} for text in (b"first good text", huge, b"a second one")]
+    requests = [Request([text]) for text in (b"first good text", huge, b"a second one")]
     together = instance.execute(requests)
     alone = [instance.execute([request])[0] for request in requests]
     instance.finalize()

@@ -22,6 +22,8 @@ class Engine(ABC):
     out for the model (padded chunks, packed tokens) is the engine's own business.
     """
 
+    kind = "?"  # its ENGINES name, for messages
+
     def __init__(self, model_dir: Path, spec: ServingSpec, device: str, options: dict) -> None:
         self.model_dir = Path(model_dir)
         self.spec = spec
@@ -33,6 +35,13 @@ class Engine(ABC):
     @abstractmethod
     def forward_packed(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None,
                        wanted: frozenset[str] | None = None): ...  # fmt: skip
+
+    def pool_spans(self, ids: np.ndarray, lengths: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+        """Late chunking: the sequences in one pass, then each span [bounds[i], bounds[i + 1]) of the packed token
+        stream (bounds: int [spans + 1], from 0 to every token) mean-pooled and, as the spec says, normalized: fp32
+        [spans, hidden]. An engine that pools whole sequences only refuses it."""
+        raise NotImplementedError(f"late chunking pools spans of the token states: engine {self.kind} pools whole "
+                                  "sequences only; engine kind torch pools spans")  # fmt: skip
 
     def forward(self, sequences: list[np.ndarray], types: list[np.ndarray] | None = None):
         """forward_packed for a list of sequences, one int array each, and their token types (tests, benchmarks)."""

@@ -26,6 +26,8 @@ from .sparse import NumpySparseHead
 
 
 class OnnxRuntimeCpuEngine(Engine):
+    kind = "onnxruntime_cpu"
+
     def __init__(self, model_dir, spec, device, options) -> None:
         super().__init__(model_dir, spec, device, options)
         session_options = ort.SessionOptions()

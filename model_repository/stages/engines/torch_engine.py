@@ -51,6 +51,7 @@ Options (the `options` dict; values may be strings as they come from a config fi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -100,6 +101,8 @@ TRITON_HEAD_DIMS = (16, 32, 64, 128)  # what the Triton attention kernel's tl.do
 class TorchEngine(KernelCheck, Engine):
     """An architecture of models/ on one packed token stream per batch: pooled embeddings, logits, sparse rows or
     token vectors."""
+
+    kind = "torch"
 
     def __init__(self, model_dir: Path, spec: ServingSpec, device: str, options: dict) -> None:
         super().__init__(model_dir, spec, device, options)
@@ -227,11 +230,10 @@ class TorchEngine(KernelCheck, Engine):
     def _encode(self, ids, cu, tiles, n_seqs: int, max_len: int, keys=None) -> torch.Tensor:
         """The model on one packed stream. ids [T], cu [n_seqs + 1] int32; rows past cu[-1] are padding; keys: a
         multi-vector batch's key lengths [n_seqs + 1]."""
-        t = ids.shape[0]
-        ar = torch.arange(t, device=ids.device, dtype=torch.int32)
-        seg = torch.searchsorted(cu[1:], ar, right=True, out_int32=True)  # sequence of each token; n_seqs = tail
-        pos = torch.where(seg < n_seqs, ar - cu.index_select(0, seg), 0)
-        batch = PackedBatch(ids, cu, tiles, n_seqs, max_len, seg, pos, keys)
+        return self._head(packed_batch(ids, cu, tiles, n_seqs, max_len, keys))
+
+    def _head(self, batch: PackedBatch):
+        """What the task answers of a packed batch: pooled rows, logits, token vectors or a hybrid model's three."""
         if self.hybrid_head is not None:
             return self.hybrid_head(self.model.hidden_states(batch), batch, self.ops)
         if self.projection is None:
@@ -288,6 +290,9 @@ class TorchEngine(KernelCheck, Engine):
 
     def _encode_eager(self, ids: np.ndarray, lens: np.ndarray, max_len: int, keys=None) -> torch.Tensor:
         """One packed batch on its exact shape, without a graph (the CPU path; the kernels' self-check)."""
+        return self._head(self._eager_batch(ids, lens, max_len, keys))
+
+    def _eager_batch(self, ids: np.ndarray, lens: np.ndarray, max_len: int, keys=None) -> PackedBatch:
         tokens, n, keyed = len(ids), len(lens), keys is not None
         buf = np.empty(layout_size(tokens, n, self.tile_block, keyed), dtype=np.int32)
         pack(buf, ids, lens, tokens, n, self.tile_block, keys)
@@ -295,7 +300,26 @@ class TorchEngine(KernelCheck, Engine):
         ids, cu, tiles = views(dev, tokens, n, self.tile_block)
         if self.ops.attention == "sdpa" and not self.is_cuda:
             tiles = cpu_chunks(lens)
-        return self._encode(ids, cu, tiles, n, max_len, key_view(dev, tokens, n, self.tile_block) if keyed else None)
+        return packed_batch(ids, cu, tiles, n, max_len, key_view(dev, tokens, n, self.tile_block) if keyed else None)
+
+    @torch.inference_mode()
+    def pool_spans(self, ids: np.ndarray, lengths: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+        """Late chunking (Engine.pool_spans): one eager pass (each batch's spans are its own: no graph), the spans
+        mean-pooled from the last hidden states, on the device."""
+        if self.spec.task != "embedding":
+            raise ValueError(f"late chunking pools an embedder's token states, not a {self.spec.task} model's")
+        max_len = int(lengths.max())
+        if max_len > self.max_positions:
+            raise ValueError(f"a sequence has {max_len} tokens; the model takes at most {self.max_positions}")
+        self.computed_tokens = len(ids)
+        longest = (
+            max(max_len, length_class(max_len, bool(self.tile_block), self.max_positions)) if self.is_cuda else max_len
+        )
+        with torch.cuda.stream(self.stream) if self.is_cuda else contextlib.nullcontext():
+            states = self.model.hidden_states(self._eager_batch(ids, lengths, longest))
+            cu = torch.from_numpy(np.asarray(bounds, dtype=np.int32)).to(self.torch_device)
+            spans = packed_batch(states.new_empty(len(ids), dtype=torch.int32), cu, None, len(cu) - 1, 0)
+            return self.ops.pool(states, spans, "mean", self.spec.normalize).cpu().numpy()
 
     def _keys(self, dev: torch.Tensor, tokens: int, seqs: int) -> torch.Tensor | None:
         return key_view(dev, tokens, seqs, self.tile_block) if self.multi_vector else None
@@ -393,3 +417,11 @@ def key_lengths(lengths: np.ndarray, attended: np.ndarray | None) -> np.ndarray:
     if (keys[lengths > 0] == 0).any():
         raise ValueError("a sequence attends to none of its tokens")
     return keys
+
+
+def packed_batch(ids: torch.Tensor, cu: torch.Tensor, tiles, n_seqs: int, max_len: int, keys=None) -> PackedBatch:
+    """The PackedBatch of a packed stream: each token's sequence (n_seqs for the tail past cu[-1]) and place in it."""
+    ar = torch.arange(ids.shape[0], device=ids.device, dtype=torch.int32)
+    seg = torch.searchsorted(cu[1:], ar, right=True, out_int32=True)
+    pos = torch.where(seg < n_seqs, ar - cu.index_select(0, seg), 0)
+    return PackedBatch(ids, cu, tiles, n_seqs, max_len, seg, pos, keys)
