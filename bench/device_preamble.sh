@@ -29,3 +29,21 @@ wait_ready() {
     polls=$((polls + 1))
   done
 }
+
+# `sentence_transformers_with CLASS`: the image's sentence-transformers where it has CLASS (SparseEncoder,
+# MultiVectorEncoder), else the carried .devwheels/*.whl installed into /tmp/st, first on PYTHONPATH; the versions
+# in use are appended to $OUT/machine.txt.
+sentence_transformers_with() {
+  if ! "$IMAGE_PYTHON" -c "from sentence_transformers import $1" > /tmp/st_import.log 2>&1; then
+    echo "image's sentence_transformers has no $1: $(tail -n 1 /tmp/st_import.log)"
+    "$IMAGE_PYTHON" -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check \
+      --target /tmp/st .devwheels/*.whl
+    export PYTHONPATH=/tmp/st${PYTHONPATH:+:$PYTHONPATH}
+    "$IMAGE_PYTHON" -c "from sentence_transformers import $1" > /tmp/st_import.log 2>&1 || {
+      echo "$1 from the wheel fails too:"
+      tail -n 20 /tmp/st_import.log
+    }
+  fi
+  "$IMAGE_PYTHON" -c 'import sentence_transformers as s, transformers as t, torch; print("sentence_transformers",
+s.__version__, s.__file__, "transformers", t.__version__, "torch", torch.__version__)' | tee -a "$OUT/machine.txt" || true
+}

@@ -19,19 +19,7 @@ SHAPES=${SHAPES:-1x256,64x8}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/machine.txt"
 
 case " $PARTS " in *" A "*)
-  # SparseEncoder (sentence-transformers >= 5); the image's own first, else the carried wheel.
-  if ! "$IMAGE_PYTHON" -c 'from sentence_transformers import SparseEncoder' > /tmp/st_import.log 2>&1; then
-    echo "image's sentence_transformers has no SparseEncoder: $(tail -n 1 /tmp/st_import.log)"
-    "$IMAGE_PYTHON" -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check \
-      --target /tmp/st .devwheels/*.whl
-    export PYTHONPATH=/tmp/st${PYTHONPATH:+:$PYTHONPATH}
-    "$IMAGE_PYTHON" -c 'from sentence_transformers import SparseEncoder' > /tmp/st_import.log 2>&1 || {
-      echo "SparseEncoder from the wheel fails too:"
-      tail -n 20 /tmp/st_import.log
-    }
-  fi
-  "$IMAGE_PYTHON" -c 'import sentence_transformers as s, transformers as t, torch; print("sentence_transformers",
-s.__version__, s.__file__, "transformers", t.__version__, "torch", torch.__version__)' | tee -a "$OUT/machine.txt" || true
+  sentence_transformers_with SparseEncoder
   "$IMAGE_PYTHON" -m bench.sparse_bench --device cuda --tokenizer .kit/tokenizer.json --batch "$BATCHES" \
     --texts "${TEXTS:-1024}" --passes 3 --out "$OUT" 2>&1 | tee /tmp/sparse_bench.log | tail -20 ||
     echo "sparse_bench failed"  # part B runs regardless

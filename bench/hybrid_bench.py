@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
-import os
 import shutil
 import tempfile
 import time
@@ -35,8 +34,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.record import header, write
-from bench.sparse_bench import PeakGrowth, measure, split
+from bench.record import write
+from bench.reference_run import PeakGrowth, add_run_arguments, batch_sizes, measure, run_record, split
 from common.contract import HYBRID_HEADS_FILE, SPARSE_INDICES, SPARSE_VALUES, TOKEN_COUNTS, TOKEN_VECTORS, ServingSpec
 from common.hf_tokenizer import load_tokenizer
 from export.__main__ import export
@@ -127,26 +126,16 @@ def agreement(folder: Path, sequences: list[np.ndarray], rows, device: str) -> d
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.hybrid_bench", description=__doc__)
-    parser.add_argument("--device", choices=("cpu", "cuda"), required=True)
-    parser.add_argument("--out", type=Path, required=True)
+    add_run_arguments(parser, "64,1")
     parser.add_argument("--preset", default="bge-m3", help="random-init preset (tests: a tiny XLM-RoBERTa)")
-    parser.add_argument("--batch", default="64,1", help="batch sizes, comma-separated")
-    parser.add_argument("--texts", type=int, default=1024, help="corpus texts per pass")
-    parser.add_argument("--passes", type=int, default=3, help="timed passes; the best counts")
-    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads of the engine")
-    parser.add_argument("--tokenizer", type=Path, help="tokenizer.json of the preset (default: trained at export)")
     args = parser.parse_args(argv)
-    sizes = [int(size) for size in args.batch.split(",")]
+    sizes = batch_sizes(args)
     settings = load_settings(SETTINGS)
-    max_tokens, precision = settings.model.max_tokens, "fp32" if args.device == "cpu" else "fp16"
     texts = [text for text in load_text() if text.strip()][: args.texts]
     memory = PeakGrowth(args.device)
-    record = header("hybrid_bench", argv) | {
-        "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
-        "torch": torch.__version__,
-        **{"preset": args.preset, "precision": precision, "threads": args.threads, "passes": args.passes},
-        "batches": {str(size): {} for size in sizes},
-    }
+    record = run_record("hybrid_bench", argv, args, memory)
+    record |= {"preset": args.preset, "batches": {str(size): {} for size in sizes}}
+    max_tokens, precision = settings.model.max_tokens, record["precision"]
     with tempfile.TemporaryDirectory(prefix="hybrid_bench_") as work:
         folder, corpus = Path(work) / "hybrid", Path(work) / "calibration.txt"
         corpus.write_text("\n".join(texts[:CALIBRATION_TEXTS]) + "\n")  # its ranges are not what is measured

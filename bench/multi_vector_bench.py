@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import string
 import tempfile
 from functools import partial
@@ -38,8 +37,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.record import header, write
-from bench.sparse_bench import MEMORY, PeakGrowth, measure, split
+from bench.record import write
+from bench.reference_run import PeakGrowth, add_run_arguments, batch_sizes, measure, run_record, split
 from common.contract import PROJECTION_FILE, TOKEN_COUNTS, TOKEN_VECTORS
 from common.multi_vector import MultiVectorSpec
 from export.__main__ import export
@@ -114,31 +113,19 @@ def main(argv: list[str] | None = None) -> int:
     import sentence_transformers
 
     parser = argparse.ArgumentParser(prog="python -m bench.multi_vector_bench", description=__doc__)
-    parser.add_argument("--device", choices=("cpu", "cuda"), required=True)
-    parser.add_argument("--out", type=Path, required=True)
+    add_run_arguments(parser, None)
     parser.add_argument("--shape", choices=list(presets()), default="bert-base", help="random-init preset")
-    parser.add_argument("--batch", help="batch sizes, comma-separated (default 32 on the CPU, 64,1 on CUDA)")
-    parser.add_argument("--texts", type=int, default=1024, help="corpus texts per pass")
-    parser.add_argument("--passes", type=int, default=3, help="timed passes; the best counts")
-    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads of every runner")
-    parser.add_argument("--tokenizer", type=Path, help="tokenizer.json of the preset (default: MiniLM's package)")
     parser.add_argument("--side", choices=(*SIDES, "both"), default="document", help="which side's texts")
     args = parser.parse_args(argv)
-    sizes = [int(size) for size in (args.batch or ("32" if args.device == "cpu" else "64,1")).split(",")]
+    sizes = batch_sizes(args)
     sides_run = list(SIDES) if args.side == "both" else [args.side]
     settings = load_settings(SETTINGS)
-    max_tokens, precision = settings.model.max_tokens, "fp32" if args.device == "cpu" else "fp16"
     torch.set_num_threads(args.threads)  # MultiVectorEncoder's; the engines set theirs from the options
     texts = [text for text in load_text() if text.strip()][: args.texts]
     memory = PeakGrowth(args.device)
-    record = header("multi_vector_bench", argv) | {
-        "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
-        "torch": torch.__version__,
-        "sentence_transformers": sentence_transformers.__version__,
-        **{"shape": args.shape, "precision": precision, "threads": args.threads, "passes": args.passes},
-        "memory": MEMORY[memory.method],
-        "texts": len(texts),
-    }
+    record = run_record("multi_vector_bench", argv, args, memory)
+    record |= {"sentence_transformers": sentence_transformers.__version__, "shape": args.shape, "texts": len(texts)}
+    max_tokens, precision = settings.model.max_tokens, record["precision"]
     with tempfile.TemporaryDirectory(prefix="multi_vector_bench_") as work:
         folder = Path(work) / "export"
         report = export(f"random-init:{args.shape}", "multi_vector", max_tokens, folder, settings.engine.onnx_opset,

@@ -20,19 +20,17 @@ Writes DIR/sparse_bench.json and prints a table.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
-import os
 import tempfile
 import time
-import tracemalloc
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from bench.record import header, write
+from bench.record import write
+from bench.reference_run import PeakGrowth, add_run_arguments, batch_sizes, measure, run_record, split
 from common.contract import ServingSpec
 from common.hf_tokenizer import load_tokenizer
 from export.__main__ import export
@@ -44,80 +42,6 @@ from settings import ROOT, load_settings
 
 SETTINGS = ROOT / "settings" / "variants" / "splade.toml"
 THRESHOLD = 1e-5  # a weight this small is a logit within rounding of 0: either side of the relu is right
-CLEAR_REFS = Path("/proc/self/clear_refs")
-MEMORY = {
-    "VmHWM": "resident set: VmHWM (reset by clear_refs 5) over VmRSS",
-    "tracemalloc": "tracemalloc (/proc/self/clear_refs not writable): Python and numpy allocations only",
-    "cuda": "torch.cuda.max_memory_allocated over memory_allocated",
-}
-
-
-def status(field: str) -> int:
-    line = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith(field + ":"))
-    return int(line.split()[1]) * 1024
-
-
-class PeakGrowth:
-    """Peak memory in a window over a base: the base taken once a runner is loaded, so that working memory an
-    allocator keeps from the untimed pass counts (glibc keeps freed chunks under 32 MB, ORT its arena)."""
-
-    def __init__(self, device: str) -> None:
-        self.method = "cuda" if device == "cuda" else "VmHWM"
-        if device == "cpu":
-            try:
-                CLEAR_REFS.write_text("5")
-            except OSError:
-                self.method = "tracemalloc"
-
-    def loaded(self) -> None:
-        if self.method == "tracemalloc":
-            tracemalloc.stop()  # drops the last runner's traces
-            tracemalloc.start()
-        self.base = 0  # tracemalloc: counted from start()
-        if self.method == "VmHWM":  # the last runner's freed heap would stay resident and hide this one's use of it
-            ctypes.CDLL(None).malloc_trim(0)
-            self.base = status("VmRSS")
-        elif self.method == "cuda":
-            self.base = torch.cuda.memory_allocated()
-
-    def reset(self) -> None:
-        if self.method == "VmHWM":
-            CLEAR_REFS.write_text("5")
-        elif self.method == "tracemalloc":
-            tracemalloc.reset_peak()
-        else:
-            torch.cuda.reset_peak_memory_stats()
-
-    def growth(self) -> int:
-        if self.method == "VmHWM":
-            return status("VmHWM") - self.base
-        if self.method == "cuda":
-            return torch.cuda.max_memory_allocated() - self.base
-        return tracemalloc.get_traced_memory()[1]
-
-
-def split(items: list, size: int) -> list[list]:
-    return [items[i : i + size] for i in range(0, len(items), size)]
-
-
-def measure(call, batches: list, passes: int, memory: PeakGrowth) -> tuple[object, dict]:
-    """(the first batch's output, texts/s and memory): an untimed pass first, so that every batch shape has been
-    seen (CUDA graphs captured, arenas grown) before the timed ones."""
-    first = call(batches[0])
-    for batch in batches[1:]:
-        call(batch)
-    sync = torch.cuda.synchronize if memory.method == "cuda" else lambda: None
-    sync()
-    memory.reset()
-    seconds = []
-    for _ in range(passes):
-        started = time.perf_counter()
-        for batch in batches:
-            call(batch)
-        sync()
-        seconds.append(time.perf_counter() - started)
-    rate = sum(map(len, batches)) / min(seconds)
-    return first, {"texts_per_s": rate, "pass_s": seconds, "peak_growth_bytes": memory.growth()}
 
 
 def agreement(rows: list, reference: np.ndarray) -> dict:
@@ -142,28 +66,17 @@ def main(argv: list[str] | None = None) -> int:
 
     shapes = [name for name, fields in presets().items() if fields["model_type"] in SPARSE_FAMILIES]
     parser = argparse.ArgumentParser(prog="python -m bench.sparse_bench", description=__doc__)
-    parser.add_argument("--device", choices=("cpu", "cuda"), required=True)
-    parser.add_argument("--out", type=Path, required=True)
+    add_run_arguments(parser, None)
     parser.add_argument("--shape", choices=shapes, default="bert-base")
-    parser.add_argument("--batch", help="batch sizes, comma-separated (default 32 on the CPU, 64,1 on CUDA)")
-    parser.add_argument("--texts", type=int, default=1024, help="corpus texts per pass")
-    parser.add_argument("--passes", type=int, default=3, help="timed passes; the best counts")
-    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads of every runner")
-    parser.add_argument("--tokenizer", type=Path, help="tokenizer.json of the preset (default: MiniLM's package)")
     args = parser.parse_args(argv)
-    sizes = [int(size) for size in (args.batch or ("32" if args.device == "cpu" else "64,1")).split(",")]
+    sizes = batch_sizes(args)
     settings = load_settings(SETTINGS)
-    max_tokens, precision = settings.model.max_tokens, "fp32" if args.device == "cpu" else "fp16"
     torch.set_num_threads(args.threads)  # SparseEncoder's; the engines set theirs from the options
     texts = [text for text in load_text() if text.strip()][: args.texts]
     memory = PeakGrowth(args.device)
-    record = header("sparse_bench", argv) | {
-        "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
-        "torch": torch.__version__,
-        "sentence_transformers": sentence_transformers.__version__,
-        **{"shape": args.shape, "precision": precision, "threads": args.threads, "passes": args.passes},
-        "memory": MEMORY[memory.method],
-    }
+    record = run_record("sparse_bench", argv, args, memory)
+    record |= {"sentence_transformers": sentence_transformers.__version__, "shape": args.shape}
+    max_tokens, precision = settings.model.max_tokens, record["precision"]
     with tempfile.TemporaryDirectory(prefix="sparse_bench_") as work:
         folder = Path(work) / "export"
         report = export(f"random-init:{args.shape}", "sparse", max_tokens, folder, settings.engine.onnx_opset,

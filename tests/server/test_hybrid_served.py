@@ -10,14 +10,10 @@ import numpy as np
 import pytest
 
 from client import TextClient
-from export.__main__ import export
 from loadtest.corpus import load_text
-from model_repository.generate import generate
-from serving.launcher.harness import Launcher
-from serving.launcher.triton_command import Ports
-from settings import load_deployment
 from tests.checkpoints import make_hybrid_checkpoint
 from tests.model.flag_reference import m3_embedder
+from tests.server.served_checkpoints import Model, served
 from tests.support import api_post, api_url
 
 MAX_TOKENS = 128
@@ -41,20 +37,9 @@ def reference(checkpoint) -> dict:
 
 @pytest.fixture(scope="module")
 def launcher(checkpoint, settings, tmp_path_factory):
-    work = tmp_path_factory.mktemp("hybrid_served")
-    engine = settings.engine
-    export(str(checkpoint), "hybrid", MAX_TOKENS, work / "models" / "bge-m3", engine.onnx_opset, engine.onnx_tolerance)
-    path = work / "bge-m3.toml"
-    path.write_text(
-        f'[model]\nsource = "{checkpoint}"\nname = "bge-m3"\ntask = "hybrid"\nmax_tokens = {MAX_TOKENS}\n\n'
-        f'[engine]\nkind = "onnxruntime_cpu"\nprecision = "fp32"\n\n[ensemble]\nmax_batch_size = {MAX_BATCH}\n\n'
-        f'[server]\nbuild_dir = "{work}"\n\n[api]\nworkers = 1\n'
-    )
-    repository = generate(load_deployment([path]))
-    started = Launcher([path], repository, Ports.free(), work / "launcher.log").start()
-    yield started
-    started.terminate()
-    started.process.wait(timeout=60)
+    model = Model(checkpoint, "bge-m3", "hybrid", MAX_TOKENS, sections=f"[ensemble]\nmax_batch_size = {MAX_BATCH}\n")
+    with served([model], settings, tmp_path_factory.mktemp("hybrid_served")) as started:
+        yield started
 
 
 def assert_lexical(served: list[dict], wanted: list[dict]) -> None:

@@ -9,13 +9,9 @@ import numpy as np
 import openai
 import pytest
 
-from export.__main__ import export
-from model_repository.generate import generate
-from serving.launcher.harness import Launcher
-from serving.launcher.triton_command import Ports
-from settings import load_deployment
 from tests.checkpoints import make_checkpoint
 from tests.model.test_late_chunking import reference_chunks
+from tests.server.served_checkpoints import Model, served
 from tests.support import api_post, api_url
 
 MAX_TOKENS = 64
@@ -30,19 +26,9 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def launcher(checkpoint, settings, tmp_path_factory):
-    work = tmp_path_factory.mktemp("late_served")
-    engine = settings.engine
-    export(str(checkpoint), "embedding", MAX_TOKENS, work / "models" / "late", engine.onnx_opset, engine.onnx_tolerance)
-    path = work / "late.toml"
-    path.write_text(
-        f'[model]\nsource = "{checkpoint}"\nname = "late"\nmax_tokens = {MAX_TOKENS}\n\n'
-        '[engine]\nkind = "torch"\nprecision = "fp32"\n\n'
-        f'[server]\nbuild_dir = "{work}"\n\n[api]\nworkers = 1\n'
-    )
-    started = Launcher([path], generate(load_deployment([path])), Ports.free(), work / "launcher.log").start()
-    yield started
-    started.terminate()
-    started.process.wait(timeout=60)
+    model = Model(checkpoint, "late", "embedding", MAX_TOKENS, engine="torch")
+    with served([model], settings, tmp_path_factory.mktemp("late_served")) as started:
+        yield started
 
 
 def test_openai_sdk_gets_every_chunk_of_every_window_as_one_pass_pools_it(launcher, checkpoint):

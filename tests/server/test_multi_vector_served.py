@@ -14,13 +14,9 @@ import numpy as np
 import pytest
 
 from client import ClientError, TextClient
-from export.__main__ import export
 from loadtest.corpus import load_text
-from model_repository.generate import generate
-from serving.launcher.harness import Launcher
-from serving.launcher.triton_command import Ports
-from settings import load_deployment
 from tests.checkpoints import make_multi_vector_checkpoint
+from tests.server.served_checkpoints import Model, served
 from tests.support import api_post
 
 sentence_transformers = pytest.importorskip("sentence_transformers")
@@ -43,21 +39,10 @@ def reference(checkpoint):
 
 @pytest.fixture(scope="module")
 def launcher(checkpoint, settings, tmp_path_factory):
-    work = tmp_path_factory.mktemp("multi_vector_served")
-    engine = settings.engine
-    export(str(checkpoint), "multi_vector", MAX_TOKENS, work / "models" / "colbert", engine.onnx_opset,
-           engine.onnx_tolerance)  # fmt: skip
-    path = work / "colbert.toml"
-    path.write_text(
-        f'[model]\nsource = "{checkpoint}"\nname = "colbert"\ntask = "multi_vector"\nmax_tokens = {MAX_TOKENS}\n\n'
-        f'[engine]\nkind = "onnxruntime_cpu"\nprecision = "fp32"\n\n[ensemble]\nmax_batch_size = {MAX_BATCH}\n\n'
-        f'[server]\nbuild_dir = "{work}"\n\n[api]\nworkers = 1\n'
-    )
-    repository = generate(load_deployment([path]))
-    started = Launcher([path], repository, Ports.free(), work / "launcher.log").start()
-    yield started
-    started.terminate()
-    started.process.wait(timeout=60)
+    sections = f"[ensemble]\nmax_batch_size = {MAX_BATCH}\n"
+    model = Model(checkpoint, "colbert", "multi_vector", MAX_TOKENS, sections=sections)
+    with served([model], settings, tmp_path_factory.mktemp("multi_vector_served")) as started:
+        yield started
 
 
 def expected(reference, texts: list[str], side: str) -> list[np.ndarray]:

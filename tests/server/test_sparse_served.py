@@ -14,13 +14,9 @@ import numpy as np
 import pytest
 
 from client import ClientError, TextClient
-from export.__main__ import export
 from loadtest.corpus import load_text
-from model_repository.generate import generate
-from serving.launcher.harness import Launcher
-from serving.launcher.triton_command import Ports
-from settings import load_deployment
 from tests.checkpoints import make_sparse_checkpoint
+from tests.server.served_checkpoints import Model, served
 from tests.support import api_post, api_url
 
 # name -> (model_type, SpladePooling activation, engine.kind)
@@ -38,24 +34,9 @@ def checkpoints(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def launcher(checkpoints, settings, tmp_path_factory):
-    work = tmp_path_factory.mktemp("sparse_served")
-    files = []
-    for index, (name, (_, _, kind)) in enumerate(MODELS.items()):
-        engine = settings.engine
-        export(str(checkpoints[name]), "sparse", MAX_TOKENS, work / "models" / name, engine.onnx_opset,
-               engine.onnx_tolerance, onnx=kind != "torch")  # fmt: skip
-        path = work / f"{name}.toml"
-        path.write_text(
-            f'[model]\nsource = "{checkpoints[name]}"\nname = "{name}"\ntask = "sparse"\nmax_tokens = {MAX_TOKENS}\n\n'
-            f'[engine]\nkind = "{kind}"\nprecision = "fp32"\n\n[server]\nbuild_dir = "{work}"\n'
-            + ("\n[api]\nworkers = 1\n" if index == 0 else "")
-        )
-        files.append(path)
-    repository = generate(load_deployment(files))
-    started = Launcher(files, repository, Ports.free(), work / "launcher.log").start()
-    yield started
-    started.terminate()
-    started.process.wait(timeout=60)
+    models = [Model(checkpoints[name], name, "sparse", MAX_TOKENS, kind) for name, (_, _, kind) in MODELS.items()]
+    with served(models, settings, tmp_path_factory.mktemp("sparse_served")) as started:
+        yield started
 
 
 def sparse_encoder(checkpoint) -> np.ndarray:
