@@ -8,11 +8,13 @@
 #            vocabulary from .kit/tokenizer.json) on the torch engine fp16 against sentence-transformers'
 #            MultiVectorEncoder fp16 (PyLate's stand-in), documents and queries, at BATCHES. Where the image's
 #            sentence-transformers has no MultiVectorEncoder, .devwheels/*.whl goes to /tmp/st first.
-#   PARTS="hybrid colbert" (default) picks the steps; one failing does not stop the other.
+#   late     python -m bench.late_chunking_bench on CUDA: ModernBERT-base (random weights) on the torch engine fp16,
+#            documents of 8,192 tokens in one pass pooled per chunk of 256 against the same documents embedded whole.
+#   PARTS="hybrid colbert late" (default) picks the steps; one failing does not stop the others.
 OUT=${OUT:-/tmp/h200_retrieval}
 # shellcheck source=bench/device_preamble.sh
 source bench/device_preamble.sh
-PARTS=${PARTS:-hybrid colbert}
+PARTS=${PARTS:-hybrid colbert late}
 BATCHES=${BATCHES:-64,1,256}
 TEXTS=${TEXTS:-1024}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/machine.txt"
@@ -24,21 +26,15 @@ case " $PARTS " in *" hybrid "*)
 esac
 
 case " $PARTS " in *" colbert "*)
-  # MultiVectorEncoder (sentence-transformers >= 6); the image's own first, else the carried wheel.
-  if ! "$IMAGE_PYTHON" -c 'from sentence_transformers import MultiVectorEncoder' > /tmp/st_import.log 2>&1; then
-    echo "image's sentence_transformers has no MultiVectorEncoder: $(tail -n 1 /tmp/st_import.log)"
-    "$IMAGE_PYTHON" -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check \
-      --target /tmp/st .devwheels/*.whl
-    export PYTHONPATH=/tmp/st${PYTHONPATH:+:$PYTHONPATH}
-    "$IMAGE_PYTHON" -c 'from sentence_transformers import MultiVectorEncoder' > /tmp/st_import.log 2>&1 || {
-      echo "MultiVectorEncoder from the wheel fails too:"
-      tail -n 20 /tmp/st_import.log
-    }
-  fi
-  "$IMAGE_PYTHON" -c 'import sentence_transformers as s, transformers as t, torch; print("sentence_transformers",
-s.__version__, s.__file__, "transformers", t.__version__, "torch", torch.__version__)' | tee -a "$OUT/machine.txt" || true
+  sentence_transformers_with MultiVectorEncoder
   "$IMAGE_PYTHON" -m bench.multi_vector_bench --device cuda --shape bert-base --batch "$BATCHES" --texts "$TEXTS" \
     --tokenizer .kit/tokenizer.json --side both --out "$OUT" 2>&1 | tee "$OUT/colbert.log" | tail -20 ||
     echo "multi_vector_bench failed"
+  ;;
+esac
+
+case " $PARTS " in *" late "*)
+  "$IMAGE_PYTHON" -m bench.late_chunking_bench --device cuda --preset modernbert-base --tokens 8192 --chunk 256 \
+    --documents 8 --batch 2 --out "$OUT" 2>&1 | tee "$OUT/late.log" | tail -5 || echo "late_chunking_bench failed"
   ;;
 esac
