@@ -87,10 +87,18 @@ def make_targets() -> set[str]:
 
 
 def flag_patterns(module: str) -> list[re.Pattern]:
-    """The --flags a module's argument parsers accept, from its source (and its package's, for a package): an
-    f-string flag such as f"--{name}-port" becomes a pattern."""
+    """The --flags a module's argument parsers accept, from its source (and its package's, for a package, and
+    the modules of its own top package it imports, which may add shared flags): an f-string flag such as
+    f"--{name}-port" becomes a pattern."""
     path = ROOT / Path(*module.split("."))
     files = sorted(path.rglob("*.py")) if path.is_dir() else [path.with_suffix(".py")]
+    top = module.split(".")[0]
+    for file in list(files):
+        for node in ast.walk(ast.parse(file.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(f"{top}."):
+                imported = (ROOT / Path(*node.module.split("."))).with_suffix(".py")
+                if imported.is_file() and imported not in files:
+                    files.append(imported)
     patterns = []
     for file in files:
         for node in ast.walk(ast.parse(file.read_text())):
