@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="ensemble", help="the served model (default: ensemble, a one-model server)")
     parser.add_argument("--timeout", type=float, default=30.0, help="deadline per call in seconds, retries included")
     parser.add_argument(
+        "--priority", choices=("query", "ingestion"), help="the class (default: by the number of texts)"
+    )
+    parser.add_argument(
         "--retries", type=int, help="total tries when the server is unavailable (default: until the deadline)"
     )
     args = parser.parse_args(argv)
@@ -47,8 +50,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         with TextClient(
-            args.url, args.protocol, args.model, args.timeout, RetryPolicy(attempts=args.retries)
-        ) as client:
+            args.url, args.protocol, args.model, args.timeout, RetryPolicy(attempts=args.retries),
+            priority=args.priority,
+        ) as client:  # fmt: skip
             parameters = (
                 side_parameters(args.input_type or "document")
                 if args.command == "embed-multi-vector"

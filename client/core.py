@@ -8,6 +8,9 @@ ever answered at the URL, a refused connection is given up after connect_timeout
 so, and a protocol that does not match the port is named. A request with more texts than the model's
 max_batch_size is sent as several, its outputs put back together in order. With an API key (the api_key
 argument, else BERT_TRITON_API_KEY of the environment) every inference carries it (protocol/api_key.py).
+A query (priority="query", or by default a call of at most priority.query_max_texts texts) goes to the model's
+query lane, `<model>-query`, where the server has one: it then waits for no ingestion batch (docs/api.md,
+Priority and deadlines); priority="ingestion" keeps every call on the model itself.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from common.contract import (
     INPUT_TYPE,
     INPUT_TYPES,
     QUERY_INPUT,
+    QUERY_LANE_SUFFIX,
     SCORE_OUTPUT,
     SPARSE_THRESHOLD,
     SPARSE_TOP_K,
@@ -164,6 +168,13 @@ def default_url(protocol: str) -> str:
     return f"{server.host}:{server.grpc_port if protocol == 'grpc' else server.http_port}"
 
 
+def query_max_texts() -> int:
+    """The settings' shape of a query, for a call whose priority the caller leaves to it."""
+    from settings import load_settings
+
+    return load_settings().priority.query_max_texts
+
+
 class _Base:
     def __init__(
         self,
@@ -174,15 +185,34 @@ class _Base:
         retry: RetryPolicy | None = None,
         connect_timeout_s: float = 3.0,
         api_key: str | None = None,
+        priority: str | None = None,
     ) -> None:
+        if priority not in (None, "query", "ingestion"):
+            raise ValueError(f'priority must be "query", "ingestion" or None (by the call\'s size), not {priority!r}')
         url, self.protocol = split_url(url, protocol)
         self._headers = headers(api_key or api_key_of_environment(), self.protocol)  # none without a key
         self.url = url or default_url(self.protocol)
         self.model, self.timeout_s, self.connect_timeout_s = model, timeout_s, connect_timeout_s
         self.retry = retry or RetryPolicy()
+        self.priority = priority
+        self._query_max_texts = query_max_texts() if priority is None else 0
+        self._lane: str | None = None  # the model's query lane, once the server was asked whether it has one
         self._outputs: list[str] | None = None
         self._max_batch: int | None = None
         self._answered = False  # the server answered once: later refusals are a restart, worth riding out
+
+    def _target(self, texts: int) -> str:
+        """The model a call of `texts` texts goes to: the query lane for a query, where the server has one."""
+        query = self.priority == "query" or (self.priority is None and texts <= self._query_max_texts)
+        return self._lane if query and self._lane else self.model
+
+    def _ready_lane(self, ready: Callable[[str], bool]) -> str:
+        """The model's query lane if the server serves it ready, else "" (a server without lanes)."""
+        lane = self.model + QUERY_LANE_SUFFIX
+        try:
+            return lane if ready(lane) else ""
+        except ClientError:  # no such model
+            return ""
 
     def _infer_kwargs(self, remaining_s: float, parameters: dict | None = None) -> dict:
         # gRPC enforces a per-call deadline; the HTTP client's network timeout is set per connection.
@@ -240,6 +270,8 @@ class TextClient(_Base):
             self._outputs = output_names(self._call(lambda _: self._client.get_model_metadata(self.model)))
             config = self._call(lambda _: self._client.get_model_config(self.model, **self._json))
             self._max_batch = batch_limit(config)
+            if self.priority != "ingestion":
+                self._lane = self._ready_lane(lambda lane: self._call(lambda _: self._client.is_model_ready(lane)))
 
     def output_names(self) -> list[str]:
         self._describe()
@@ -253,14 +285,16 @@ class TextClient(_Base):
         encoded = encode_texts(texts)  # a text without UTF-8 is named before anything is sent
         asked = None if query is None else encode_texts([query])[0]
         self._describe()
-        return join_outputs([self._infer_one(part, asked, parameters) for part in chunks(encoded, self._max_batch)])
+        model = self._target(len(encoded))
+        parts = [self._infer_one(model, part, asked, parameters) for part in chunks(encoded, self._max_batch)]
+        return join_outputs(parts)
 
     def _infer_one(
-        self, encoded: Sequence[bytes], query: bytes | None = None, parameters: dict | None = None
+        self, model: str, encoded: Sequence[bytes], query: bytes | None = None, parameters: dict | None = None
     ) -> dict[str, np.ndarray]:
         tensors = pair_inputs(self._module, encoded, query)
         result = self._call(
-            lambda remaining: self._client.infer(self.model, tensors, **self._infer_kwargs(remaining, parameters))
+            lambda remaining: self._client.infer(model, tensors, **self._infer_kwargs(remaining, parameters))
         )
         return decode_outputs(result, self._outputs)
 
@@ -322,6 +356,12 @@ class AsyncTextClient(_Base):
             self._outputs = output_names(await self._call(lambda _: self._client.get_model_metadata(self.model)))
             config = await self._call(lambda _: self._client.get_model_config(self.model, **self._json))
             self._max_batch = batch_limit(config)
+            if self.priority != "ingestion":
+                lane = self.model + QUERY_LANE_SUFFIX
+                try:
+                    self._lane = lane if await self._call(lambda _: self._client.is_model_ready(lane)) else ""
+                except ClientError:  # a server without lanes: no such model
+                    self._lane = ""
 
     async def output_names(self) -> list[str]:
         await self._describe()
@@ -333,17 +373,18 @@ class AsyncTextClient(_Base):
         encoded = encode_texts(texts)
         asked = None if query is None else encode_texts([query])[0]
         await self._describe()
+        model = self._target(len(encoded))
         parts = await asyncio.gather(
-            *(self._infer_one(part, asked, parameters) for part in chunks(encoded, self._max_batch))
+            *(self._infer_one(model, part, asked, parameters) for part in chunks(encoded, self._max_batch))
         )
         return join_outputs(list(parts))
 
     async def _infer_one(
-        self, encoded: Sequence[bytes], query: bytes | None = None, parameters: dict | None = None
+        self, model: str, encoded: Sequence[bytes], query: bytes | None = None, parameters: dict | None = None
     ) -> dict[str, np.ndarray]:
         tensors = pair_inputs(self._module, encoded, query)
         result = await self._call(
-            lambda remaining: self._client.infer(self.model, tensors, **self._infer_kwargs(remaining, parameters))
+            lambda remaining: self._client.infer(model, tensors, **self._infer_kwargs(remaining, parameters))
         )
         return decode_outputs(result, self._outputs)
 

@@ -13,6 +13,7 @@ TOKENS_OUTPUT = "tokens"  # int32 [1] per text: the tokens the model saw ([CLS] 
 SCORE_OUTPUT = "score"  # fp32 [1] per (query, text) pair: a reranker's logit, before any sigmoid
 ENGINE_INPUTS = ("input_ids", "attention_mask")  # int32 [batch, sequence]: ONNX, TensorRT, the two-stage hop
 TOKEN_TYPES = "token_type_ids"  # int32 [batch, sequence], a third engine input for BERT pairs: 0 query, 1 text
+QUERY_LANE_SUFFIX = "-query"  # <model>-query: a model's query lane, the same stage for queries only ([priority])
 SERVING_FILE = "serving.json"
 PROMPTS_FILE = "config_sentence_transformers.json"  # a checkpoint's sentence-transformers prompts, if it has them
 CALIBRATION_FILE = "calibration.npy"  # an embedder's unit embeddings of its calibration corpus (export/calibration.py)

@@ -7,6 +7,8 @@ jitter within a deadline), with a share of bad requests (a text over tokenizer.m
   steady              nothing happens
   restart             SIGTERM the launcher (Triton drains), then start a new one on the same ports
   crash-tritonserver  SIGKILL tritonserver (as its 2.51 segfaults end it); the launcher starts it again
+  hang-tritonserver   SIGSTOP tritonserver (alive, answering nothing); the launcher's canary finds it, /live
+                      turns 503, and the launcher kills it and starts it again (reliability_hang.py)
   oversized-bodies    HTTP bodies over front.max_body_bytes, each content type, to an existing and an unknown
                       model, and a form-typed 5 MB body (the one that crashes tritonserver 2.51 directly)
   kill-MODEL          SIGKILL one stub process of each Python model in turn (one_stage: ensemble; two_stage:
@@ -49,6 +51,7 @@ from pathlib import Path
 
 from client.core import ClientError, RetryPolicy, TextClient
 from loadtest.corpus import load_text
+from loadtest.reliability_hang import hang_tritonserver
 from model_repository.configs import python_models
 from serving.launcher.harness import Launcher
 from serving.launcher.triton_command import Ports
@@ -79,7 +82,13 @@ API_RETRYABLE = {429, 502, 503, 504}
 QUERY = "How does the server stay up under faults?"  # what a reranker's load scores each text against
 # Content types tritonserver's HTTP reads an inference body with (none at all is what some clients send).
 CONTENT_TYPES = [None, "application/json", "application/octet-stream", "application/x-www-form-urlencoded"]
-PHASES = ["steady", "restart", "crash-tritonserver", "oversized-bodies"]  # then kill-<model> per Python model
+PHASES = [
+    "steady",
+    "restart",
+    "crash-tritonserver",
+    "hang-tritonserver",
+    "oversized-bodies",
+]  # then kill-<model> per Python model
 
 
 class ApiUser:
@@ -336,6 +345,8 @@ def run(
                 launcher, event = restart(launcher)
             elif phase == "crash-tritonserver":
                 event = crash_tritonserver(launcher)
+            elif phase == "hang-tritonserver":
+                event = hang_tritonserver(launcher)
             elif phase == "oversized-bodies":
                 event = oversized_bodies(launcher, settings.front.max_body_bytes)
             time.sleep(phase_s / 2)
@@ -379,6 +390,10 @@ def print_table(result: dict) -> None:
         recovery = ""
         if "watchdog_reload_s" in event:
             recovery = f"/ready 200 again after {event['ready_again_s']:.2f} s (reload {event['watchdog_reload_s']} s)"
+        elif "live_503_after_s" in event:
+            recovery = (
+                f"/live 503 after {event['live_503_after_s']:.2f} s, /ready 200 after {event['ready_again_s']:.2f} s"
+            )
         elif "tritonserver_restarts" in event:
             recovery = f"tritonserver started again, /ready 200 after {event['ready_again_s']:.2f} s"
         elif "bodies" in event:

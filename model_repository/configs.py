@@ -238,6 +238,20 @@ def one_stage_config(settings: Settings, spec: ServingSpec, names: ServedNames) 
     return config
 
 
+def query_lane_config(settings: Settings, spec: ServingSpec, names: ServedNames) -> mc.ModelConfig:
+    """The one-stage model again as its query lane: the same stage and files under names.query_lane, with
+    priority.query_instances of its own, so that a query waits for queries only, never for an ingestion batch.
+    Triton 2.51's own priority_levels would order one queue, but they stall its dynamic batcher whenever the next
+    request does not fit the batch (docs/reliability.md, Priority)."""
+    config = one_stage_config(settings, spec, names)
+    config.name = names.query_lane
+    gpus = list(settings.encoder.gpus)
+    kind = mc.ModelInstanceGroup.KIND_GPU if gpus else mc.ModelInstanceGroup.KIND_CPU
+    del config.instance_group[:]
+    config.instance_group.append(mc.ModelInstanceGroup(kind=kind, count=settings.priority.query_instances, gpus=gpus))
+    return config
+
+
 def encoder_config(settings: Settings, spec: ServingSpec, names: ServedNames, warmup_tokens: int) -> mc.ModelConfig:
     stage = settings.encoder
     ragged = {"allow_ragged_batch": True}
@@ -358,6 +372,6 @@ def ensemble_config(settings: Settings, spec: ServingSpec, names: ServedNames) -
 def python_models(settings: Settings, names: ServedNames) -> list[str]:
     """The Triton models one settings file's model runs as Python stubs, in data-path order."""
     if settings.topology == "one_stage":
-        return [names.model]
+        return [names.model, *([names.query_lane] if names.query_lane else [])]
     models = [names.tokenizer] + ([names.encoder] if settings.engine.kind != "tensorrt" else [])
     return models + ([names.postprocess] if settings.model.task == "classification" else [])

@@ -35,6 +35,7 @@ from model_repository.configs import (
     ensemble_config,
     one_stage_config,
     postprocess_config,
+    query_lane_config,
     tensorrt_encoder_config,
     tokenizer_config,
 )
@@ -132,8 +133,10 @@ def _write_models(out: Path, settings: Settings, spec: ServingSpec, export_dir: 
     front_files = [path for path in front_files if path.is_file()]
     if settings.topology == "one_stage":
         files = [*front_files, *engine_paths]
-        config = one_stage_config(settings, spec, names)
-        _write_text_warmup(_write_model(out, config, settings, files, "pipeline_model"), spec)
+        configs = [one_stage_config(settings, spec, names)]
+        configs += [query_lane_config(settings, spec, names)] if names.query_lane else []
+        for config in configs:
+            _write_text_warmup(_write_model(out, config, settings, files, "pipeline_model"), spec)
         return
     tokenizer_file, serving_file = export_dir / "tokenizer.json", export_dir / SERVING_FILE
     config = tokenizer_config(settings, spec, names)

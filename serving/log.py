@@ -2,10 +2,12 @@
 
     text   `component: message` (what a terminal shows; the default)
     json   one JSON object per line: time (ISO 8601, UTC, milliseconds), level, component, message, and
-           request_id where the line is about one request (what a log pipeline parses; the chart's default)
+           request_id (and tenant, with a keys file: serving/tenants.py) where the line is about one request
+           (what a log pipeline parses; the chart's default)
 
 Errors go to stderr, the rest to stdout. Each process calls configure() once at its start; a module logs
-through logging.getLogger(component), and a line about a request passes extra={"request_id": id}.
+through logging.getLogger(component), and a line about a request passes extra={"request_id": id} (and
+"tenant": name, which a text line says in its message).
 tritonserver's own lines are its own (ISO 8601 stamps, serving/launcher/triton_command.py).
 """
 
@@ -29,6 +31,8 @@ class JsonLines(logging.Formatter):
         }
         if getattr(record, "request_id", None):
             line["request_id"] = record.request_id
+        if getattr(record, "tenant", None):
+            line["tenant"] = record.tenant
         return json.dumps(line, ensure_ascii=False)
 
 

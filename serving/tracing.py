@@ -66,8 +66,18 @@ class Tracing:
                 self._propagator.inject(carrier, context=self._trace.set_span_in_context(span, self._context()))
             yield carrier
 
+    def set_attribute(self, key: str, value: str) -> None:
+        """An attribute of the request's span, if it has one (an unsampled request has none)."""
+        self._trace.get_current_span().set_attribute(key, value)
+
     def shutdown(self) -> None:
         self.provider.shutdown()  # what is batched goes out before the process ends
+
+
+def set_attribute(tracing: Tracing | None, key: str, value: str) -> None:
+    """An attribute of the current request's span (the tenant, say); nothing with tracing off."""
+    if tracing is not None:
+        tracing.set_attribute(key, value)
 
 
 def request_span(tracing: Tracing | None, name: str, headers: Mapping[str, str], request_id: str):

@@ -91,6 +91,12 @@ def check(settings: Settings) -> None:
             raise SettingsError(f'api.cors_allow_origins: {origin!r} is not "*" or an http(s):// origin')
     if api.max_body_bytes < 1 or api.timeout_s <= 0:
         raise SettingsError("api needs max_body_bytes >= 1 and timeout_s > 0")
+    _check_priority(settings)
+    tenants = settings.tenants
+    if not isinstance(tenants.keys_file, str) or tenants.reload_s <= 0:
+        raise SettingsError('tenants needs keys_file, a path or "", and reload_s > 0')
+    if server.canary_interval_s < 0 or server.canary_timeout_s <= 0:
+        raise SettingsError("server needs canary_interval_s >= 0 (0: off) and canary_timeout_s > 0")
     tracing = settings.tracing
     if tracing.endpoint and not tracing.endpoint.startswith(("http://", "https://")):
         raise SettingsError(
@@ -101,6 +107,18 @@ def check(settings: Settings) -> None:
     if not isinstance(tracing.triton_spans, bool):
         raise SettingsError("tracing.triton_spans is true or false")
     _check_loadtest(settings.loadtest, settings.ensemble.max_batch_size)
+
+
+def _check_priority(settings: Settings) -> None:
+    priority = settings.priority
+    if not isinstance(priority.enabled, bool):
+        raise SettingsError("priority.enabled is true or false")
+    if type(priority.query_max_texts) is not int or priority.query_max_texts < 0:
+        raise SettingsError("priority.query_max_texts must be an integer >= 0 (0: only requests naming it are queries)")
+    if type(priority.query_instances) is not int or priority.query_instances < 1:
+        raise SettingsError("priority.query_instances must be an integer >= 1")
+    if min(priority.query_timeout_ms, priority.ingestion_timeout_ms) < 0:
+        raise SettingsError("priority needs query_timeout_ms and ingestion_timeout_ms >= 0 (0: api.timeout_s)")
 
 
 def _check_sparse(settings: Settings) -> None:

@@ -1,10 +1,11 @@
 """Several models in one server: one settings file per model, one generated repository, one tritonserver.
 
 Each file is read over the defaults as a single one is (loading.load_settings). The server-wide sections
-([server], [front], [api]: ports, the build folder, the fronts) come from the first file; a later file that
-sets one of their keys to another value is refused, naming both files and the key. With one file the model
-is served as `ensemble` (its two-stage steps as `tokenizer`, `encoder`, `postprocess`), as always; with
-several, each model is served under its model.name (its steps as `<name>-tokenizer`, ...).
+([server], [front], [api], [priority], [tenants], [tracing]: ports, the build folder, the fronts) come from the
+first file; a later file that sets one of their keys to another value is refused, naming both files and the
+key. With one file the model is served as `ensemble` (its two-stage steps as `tokenizer`, `encoder`,
+`postprocess`), as always; with several, each model is served under its model.name (its steps as
+`<name>-tokenizer`, ...). A one-stage model's query lane is `<name>-query` ([priority]).
 """
 
 from __future__ import annotations
@@ -14,10 +15,20 @@ import math
 import re
 from pathlib import Path
 
+from common.contract import QUERY_LANE_SUFFIX
 from settings.loading import DEFAULT_SETTINGS, load_settings, own_sections
-from settings.schema import ApiSettings, FrontSettings, ServerSettings, Settings, SettingsError, TracingSettings
+from settings.schema import (
+    ApiSettings,
+    FrontSettings,
+    PrioritySettings,
+    ServerSettings,
+    Settings,
+    SettingsError,
+    TenantSettings,
+    TracingSettings,
+)
 
-SERVER_WIDE = ("server", "front", "api", "tracing")
+SERVER_WIDE = ("server", "front", "api", "priority", "tenants", "tracing")
 SINGLE_MODEL_NAME = "ensemble"
 # What a model may be called when several share a server: a Triton model folder and a URL path segment.
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -25,12 +36,14 @@ MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 @dataclasses.dataclass(frozen=True)
 class ServedNames:
-    """The Triton models one settings file becomes: what clients call, and the two-stage steps."""
+    """The Triton models one settings file becomes: what clients call, the two-stage steps, and the query lane
+    (a one-stage model's second copy for queries, "" without one)."""
 
     model: str
     tokenizer: str
     encoder: str
     postprocess: str
+    query_lane: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +73,14 @@ class Deployment:
     @property
     def api(self) -> ApiSettings:
         return self.first.api
+
+    @property
+    def priority(self) -> PrioritySettings:
+        return self.first.priority
+
+    @property
+    def tenants(self) -> TenantSettings:
+        return self.first.tenants
 
     @property
     def tracing(self) -> TracingSettings:
@@ -96,23 +117,30 @@ class Deployment:
         return self.server.exit_timeout_s + math.ceil(self.server.unload_s_per_stub * stubs)
 
     def names(self, settings: Settings) -> ServedNames:
+        name = SINGLE_MODEL_NAME if len(self.models) == 1 else settings.model.name
+        lane = f"{name}{QUERY_LANE_SUFFIX}" if has_query_lane(settings) else ""
         if len(self.models) == 1:
-            return ServedNames(SINGLE_MODEL_NAME, "tokenizer", "encoder", "postprocess")
-        name = settings.model.name
-        return ServedNames(name, f"{name}-tokenizer", f"{name}-encoder", f"{name}-postprocess")
+            return ServedNames(name, "tokenizer", "encoder", "postprocess", lane)
+        return ServedNames(name, f"{name}-tokenizer", f"{name}-encoder", f"{name}-postprocess", lane)
 
     def served(self) -> dict[str, Settings]:
         """Each model by the name clients call it."""
         return {self.names(settings).model: settings for settings in self.models}
 
 
+def has_query_lane(settings: Settings) -> bool:
+    """Whether the model gets a query lane: priorities on, one stage (two stages share their steps' queues)."""
+    return settings.priority.enabled and settings.topology == "one_stage"
+
+
 def python_stubs(settings: Settings) -> int:
     """The stub processes one model's Python stages run, as Triton counts instance groups (the count on each GPU
-    listed): one stage, [encoder]'s; two stages, [tokenizer]'s, [encoder]'s unless TensorRT serves it, and a
-    classifier's [postprocess]."""
-    encoder = settings.encoder.instances * max(1, len(settings.encoder.gpus))
+    listed): one stage, [encoder]'s and the query lane's; two stages, [tokenizer]'s, [encoder]'s unless TensorRT
+    serves it, and a classifier's [postprocess]."""
+    devices = max(1, len(settings.encoder.gpus))
+    encoder = settings.encoder.instances * devices
     if settings.topology == "one_stage":
-        return encoder
+        return encoder + (settings.priority.query_instances * devices if has_query_lane(settings) else 0)
     stubs = settings.tokenizer.instances + (encoder if settings.engine.kind != "tensorrt" else 0)
     return stubs + (settings.postprocess.instances if settings.model.task == "classification" else 0)
 

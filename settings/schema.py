@@ -126,6 +126,8 @@ class ServerSettings:
     restart_window_s: float
     build_dir: str
     log_format: str
+    canary_interval_s: float
+    canary_timeout_s: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,6 +157,37 @@ class ApiSettings:
     def worker_count(self) -> int:
         """How many workers serve api.port on this machine (settings/cores.py: 0 follows the cores)."""
         return api_workers(self.workers)
+
+
+PRIORITY_CLASSES = ("query", "ingestion")  # served first to last
+
+
+@dataclasses.dataclass(frozen=True)
+class PrioritySettings:
+    """Queries before ingestion: the class of a request, the query lane and each class's time budget."""
+
+    enabled: bool
+    query_instances: int
+    query_max_texts: int
+    query_timeout_ms: float
+    ingestion_timeout_ms: float
+
+    def budget_s(self, priority_class: str, default_s: float) -> float:
+        """A request's time budget when it sets none: its class's, else default_s (api.timeout_s)."""
+        budget_ms = self.query_timeout_ms if priority_class == "query" else self.ingestion_timeout_ms
+        return budget_ms / 1000 if budget_ms else default_s
+
+    def class_of(self, texts: int) -> str:
+        """The class of a request that names none, by its shape."""
+        return "query" if texts <= self.query_max_texts else "ingestion"
+
+
+@dataclasses.dataclass(frozen=True)
+class TenantSettings:
+    """API keys by tenant (serving/tenants.py); off while keys_file is empty."""
+
+    keys_file: str
+    reload_s: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,6 +227,8 @@ class Settings:
     server: ServerSettings
     front: FrontSettings
     api: ApiSettings
+    priority: PrioritySettings
+    tenants: TenantSettings
     tracing: TracingSettings
     tensorrt: TensorRTSettings
     loadtest: LoadTestSettings

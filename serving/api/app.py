@@ -15,7 +15,8 @@ Routes (one aiohttp process; the launcher runs api.workers of them on api.port),
 OpenAI's and Cohere's requests name their model (models.py: 404 naming the served ones); TEI's go to the first
 model of the task the route serves. Token counts are the pipeline's `tokens` output: what the model saw,
 [CLS] and [SEP] included, after truncation to model.max_tokens. Errors come in OpenAI's shape on every route:
-400 naming the item at fault, 401 without the key when BERT_TRITON_API_KEY is set, 404 for another model,
+400 naming the item at fault, 401 without the key when BERT_TRITON_API_KEY is set (with a keys file: without a
+tenant's key, and 429 with the bucket's Retry-After over the tenant's rates: serving/tenants.py), 404 for another model,
 413 for a body over api.max_body_bytes (by its Content-Length, before reading it) or more than api.max_inputs
 texts, 429 with Retry-After when this worker has api.max_concurrent_requests in flight or Triton's queue is
 full, 503 with Retry-After while the server is not ready, 504 past api.timeout_s. Every answer carries the
@@ -40,18 +41,21 @@ from protocol.api_key import HEADER, accepted
 from serving.api import routes_cohere, routes_hybrid, routes_multi_vector, routes_openai, routes_tei
 from serving.api.cors import PREFLIGHT, cors_headers, is_preflight
 from serving.api.models import Models
+from serving.api.priority import PRIORITY_HEADER, TIMEOUT_HEADER, budget_s, priority_class
 from serving.api.request_context import CURRENT, RequestContext
 from serving.api.schema import ApiError
 from serving.api.service import API, Api, answer, api_of
 from serving.log import configure
 from serving.request_id import REQUEST_ID, request_id
-from serving.tracing import request_span
+from serving.tenant_limits import retry_after
+from serving.tracing import request_span, set_attribute
 from serving.workers import FrontWorkers
 from settings import load_deployment, override_flags
 from settings.cores import api_workers
 
 log = logging.getLogger("api")
 OPEN_PATHS = frozenset({"/health", "/metrics"})  # probes and scrapes need no key
+KEY_REQUIRED = "a valid API key is required: send Authorization: Bearer <key>"
 
 
 async def health(request: web.Request) -> web.Response:
@@ -78,7 +82,8 @@ async def metrics(request: web.Request) -> web.Response:
     if status != 200:
         return web.Response(body=server, status=status, content_type="text/plain")
     separator = b"" if not server or server.endswith(b"\n") else b"\n"
-    return web.Response(body=server + separator + api.stats.prometheus().encode(), content_type="text/plain")
+    own = api.stats.prometheus() + (api.tenants.prometheus() if api.tenants is not None else "")
+    return web.Response(body=server + separator + own.encode(), content_type="text/plain")
 
 
 @web.middleware
@@ -103,11 +108,15 @@ async def checked(request: web.Request, handler, api: Api, context: RequestConte
     the server's (5xx) logged with the request's id."""
     settings = api.deployment.api
     try:
-        if api.api_key and request.path not in OPEN_PATHS and not accepted(request.headers.get(HEADER), api.api_key):
-            raise ApiError(401, "a valid API key is required: send Authorization: Bearer <key>", code="invalid_api_key")
+        if api.tenants is not None and request.path not in OPEN_PATHS:
+            admit_tenant(request, api, context)
+        elif api.api_key and request.path not in OPEN_PATHS and not accepted(request.headers.get(HEADER), api.api_key):
+            raise ApiError(401, KEY_REQUIRED, code="invalid_api_key")
         limit = settings.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             raise ApiError(413, f"the body has {request.content_length} bytes; api.max_body_bytes is {limit}")
+        context.asked_class = priority_class(request.headers.get(PRIORITY_HEADER))
+        context.budget_s = budget_s(request.headers.get(TIMEOUT_HEADER))
         if api.in_flight >= settings.max_concurrent_requests:
             raise ApiError(429, "Model is overloaded: too many requests in flight", code="overloaded")
         api.in_flight += 1
@@ -118,8 +127,9 @@ async def checked(request: web.Request, handler, api: Api, context: RequestConte
     except ApiError as exc:
         if exc.status >= 500:
             where = f"{request.method} {request.path[:200]!r}"
-            log.error(f"request {context.id} {where}: {exc.status} {exc}", extra={"request_id": context.id})
-        headers = {"Retry-After": "1"} if exc.status in (429, 503) else None
+            extra = {"request_id": context.id, "tenant": context.tenant}
+            log.error(f"request {context.id} {where}{tenant_note(context)}: {exc.status} {exc}", extra=extra)
+        headers = {"Retry-After": str(exc.retry_after)} if exc.status in (429, 503) else None
         response = answer(exc.body(), exc.status, headers)
         if exc.status == 413:
             response.force_close()  # the body is not read: this connection ends here
@@ -129,6 +139,25 @@ async def checked(request: web.Request, handler, api: Api, context: RequestConte
         response = answer(ApiError(413, f"the body passed api.max_body_bytes = {limit} bytes").body(), 413)
         response.force_close()
         return response
+
+
+def admit_tenant(request: web.Request, api: Api, context: RequestContext) -> None:
+    """The tenant of the request's key (serving/tenants.py) into its context and span, its requests/s taken:
+    401 for an unknown key, 429 with the bucket's Retry-After over the rate."""
+    tenant = api.tenants.identify(request.headers.get(HEADER))
+    if tenant is None:
+        raise ApiError(401, KEY_REQUIRED, code="invalid_api_key")
+    context.tenant, context.max_class = tenant.name, tenant.max_priority
+    set_attribute(api.tracing, "tenant", tenant.name)
+    wait = api.tenants.admit(tenant)
+    if wait:
+        message = f"tenant {tenant.name!r} is over its requests_per_s = {tenant.requests_per_s:g}"
+        raise ApiError(429, message, code="rate_limit_exceeded", retry_after=retry_after(wait))
+
+
+def tenant_note(context: RequestContext) -> str:
+    """The tenant in a text log line about the request (json lines carry it as a field)."""
+    return f" (tenant {context.tenant})" if context.tenant else ""
 
 
 def make_app(api: Api) -> web.Application:

@@ -1,4 +1,5 @@
-"""CallStats: how many texts and how many requests each of the API front's Triton calls carried, per model.
+"""CallStats: how many texts and how many requests each of the API front's Triton calls carried, per model, and
+each priority class's requests by outcome and their time queued in the front (serving/api/priority.py).
 
 Every worker of one front counts its own calls into a small file of counters (a memory map: an increment is a
 store, no system call) in a folder its siblings share, `bert-triton-api-<port>-<supervisor pid>` under the
@@ -18,11 +19,15 @@ from pathlib import Path
 
 import numpy as np
 
+from settings.schema import PRIORITY_CLASSES
+
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)  # then +Inf
 _WIDTH = len(BUCKETS) + 1  # counts per bucket, +Inf last
 _TEXTS, _TEXTS_SUM, _CALLS = 0, _WIDTH, _WIDTH + 1
 _REQUESTS, _REQUESTS_SUM = _WIDTH + 2, 2 * _WIDTH + 2
 _ROW = 2 * _WIDTH + 3
+OUTCOMES = ("served", "overloaded", "timed_out")  # a class's row: these counts, then queued microseconds
+_QUEUED_US = len(OUTCOMES)
 FAMILIES = (
     ("bert_api_call_texts", "Texts per Triton call of the API front (a coalesced call carries several requests)"),
     ("bert_api_call_requests", "API requests per Triton call of the API front (1 without coalescing)"),
@@ -44,7 +49,8 @@ def _alive(pid: int) -> bool:
 
 
 class CallStats:
-    """This worker's counters for `models` (Triton names, in order), beside its siblings' under `port`."""
+    """This worker's counters for `models` (Triton names, in order) and the priority classes, beside its
+    siblings' under `port`."""
 
     def __init__(self, port: int, models: Sequence[str], root: Path | None = None) -> None:
         root = Path(root or tempfile.gettempdir())
@@ -56,7 +62,9 @@ class CallStats:
         self.folder.mkdir(exist_ok=True)
         self.models = list(models)
         self._rows = {name: index for index, name in enumerate(self.models)}
-        self._counts = np.memmap(self.folder / f"{os.getpid()}.u64", np.uint64, "w+", shape=(len(self.models), _ROW))
+        self._class_rows = {name: len(self.models) + index for index, name in enumerate(PRIORITY_CLASSES)}
+        shape = (len(self.models) + len(PRIORITY_CLASSES), _ROW)
+        self._counts = np.memmap(self.folder / f"{os.getpid()}.u64", np.uint64, "w+", shape=shape)
 
     def count(self, model: str, texts: int, requests: int) -> None:
         row = self._counts[self._rows[model]]
@@ -66,9 +74,15 @@ class CallStats:
         row[_REQUESTS + _bucket(requests)] += 1
         row[_REQUESTS_SUM] += requests
 
+    def count_class(self, priority_class: str, outcome: str, queued_s: float = 0.0) -> None:
+        """A request of the class answered with this outcome (OUTCOMES), after queued_s in the Coalescer."""
+        row = self._counts[self._class_rows[priority_class]]
+        row[OUTCOMES.index(outcome)] += 1
+        row[_QUEUED_US] += int(queued_s * 1e6)
+
     def totals(self) -> np.ndarray:
-        """Every sibling's counters summed (models x counters)."""
-        total = np.zeros((len(self.models), _ROW), np.uint64)
+        """Every sibling's counters summed (models, then classes x counters)."""
+        total = np.zeros(self._counts.shape, np.uint64)
         for path in self.folder.glob("*.u64"):
             counts = np.fromfile(path, np.uint64)
             if counts.size == total.size:  # a file being created is skipped for this scrape
@@ -76,16 +90,33 @@ class CallStats:
         return total
 
     def prometheus(self) -> str:
-        """The two histograms in Prometheus' text format, labelled by model."""
+        """The two histograms in Prometheus' text format, labelled by model, and the classes' counters."""
         totals, lines = self.totals(), []
         for (family, description), (start, total) in zip(
             FAMILIES, ((_TEXTS, _TEXTS_SUM), (_REQUESTS, _REQUESTS_SUM)), strict=True
         ):
             lines += [f"# HELP {family} {description}", f"# TYPE {family} histogram"]
-            for model, row in zip(self.models, totals, strict=True):
+            for model, row in zip(self.models, totals[: len(self.models)], strict=True):
                 cumulative = np.cumsum(row[start : start + _WIDTH])
                 for bound, count in zip([*map(str, BUCKETS), "+Inf"], cumulative, strict=True):
                     lines.append(f'{family}_bucket{{model="{model}",le="{bound}"}} {count}')
                 lines.append(f'{family}_sum{{model="{model}"}} {row[total]}')
                 lines.append(f'{family}_count{{model="{model}"}} {row[_CALLS]}')
+        classes = totals[len(self.models) :]
+        lines += [
+            "# HELP bert_api_requests_total API requests by priority class and outcome",
+            "# TYPE bert_api_requests_total counter",
+        ]
+        for name, row in zip(PRIORITY_CLASSES, classes, strict=True):
+            lines += [
+                f'bert_api_requests_total{{class="{name}",outcome="{o}"}} {row[i]}' for i, o in enumerate(OUTCOMES)
+            ]
+        lines += [
+            "# HELP bert_api_queue_seconds_total Time served requests queued in the API front, by priority class",
+            "# TYPE bert_api_queue_seconds_total counter",
+        ]
+        lines += [
+            f'bert_api_queue_seconds_total{{class="{n}"}} {row[_QUEUED_US] / 1e6:.6f}'
+            for n, row in zip(PRIORITY_CLASSES, classes, strict=True)
+        ]
         return "\n".join(lines) + "\n"

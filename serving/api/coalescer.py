@@ -16,7 +16,11 @@ its handler) leaves the queue; once sent, its rows are computed and dropped. api
 request is a call of its own. Each request's RequestContext gets the time it queued and the time of the
 call that carried it; the call's Triton id lists the ids of its requests, and it carries the trace context
 of the first of them that is traced. A request with KServe parameters of its own (a sparse model's top_k,
-threshold, a multi-vector model's queries) goes alone: one call carries one set.
+threshold, a multi-vector model's queries) goes alone: one call carries one set. A request with a deadline
+(serving/api/priority.py) that passes while it queues leaves the queue unsent (TimedOut); a call's gRPC deadline
+is the latest of its requests', and each request stops waiting at its own. A request with a budget of its own
+(X-Request-Timeout) goes alone, so that its call's deadline is its own: tritonserver drops it unrun once that
+passes, rather than running it for a call that others keep alive.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from serving.api.request_context import CURRENT, RequestContext
-from serving.api.triton_link import BadInput, TritonLink
+from serving.api.triton_link import BadInput, TimedOut, TritonLink
 
 MAX_ID_CHARS = 1024  # Triton's id of a coalesced call: its requests' ids, as many as fit
 
@@ -40,6 +44,7 @@ class _Request:
     rows: int
     size: int
     parameters: dict | None = None
+    deadline: float | None = None  # perf_counter() time
     answer: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     context: RequestContext | None = field(default_factory=CURRENT.get)
     queued: float = field(default_factory=time.perf_counter)
@@ -57,6 +62,13 @@ def _timed(context: RequestContext | None, started: float, queued: float = 0.0) 
     if context is not None:
         context.queue_s += queued
         context.inference_s += time.perf_counter() - started
+
+
+def _latest(batch: list[_Request]) -> float | None:
+    """A call's gRPC timeout: until its requests' latest deadline (None: the link's own when one has none)."""
+    if any(request.deadline is None for request in batch):
+        return None
+    return max(request.deadline for request in batch) - time.perf_counter()
 
 
 class Coalescer:
@@ -81,22 +93,37 @@ class Coalescer:
         self._timer: asyncio.TimerHandle | None = None
         self._calls: set[asyncio.Task] = set()  # referenced until done: the loop keeps weak references only
 
-    async def infer(self, inputs: dict[str, list[bytes]], parameters: dict | None = None) -> dict[str, np.ndarray]:
-        """The outputs for these rows (every input one row per text), as if they had been a call of their own."""
+    async def infer(
+        self,
+        inputs: dict[str, list[bytes]],
+        parameters: dict | None = None,
+        deadline: float | None = None,
+        alone: bool = False,
+    ) -> dict[str, np.ndarray]:
+        """The outputs for these rows (every input one row per text), as if they had been a call of their own;
+        TimedOut once `deadline` (perf_counter() time) has passed; `alone`: a call of its own, whose gRPC
+        deadline is its own (a budget the caller gave)."""
         rows = len(next(iter(inputs.values())))
         size = sum(len(value) for values in inputs.values() for value in values)
-        if parameters or self.max_calls == 0 or rows >= self.max_texts or size >= self.max_bytes:
-            return await self._direct(_Request(inputs, rows, size, parameters))
-        request = _Request(inputs, rows, size)
+        if deadline is not None and deadline <= time.perf_counter():
+            raise TimedOut("its time budget ran out before a call could carry it")
+        if alone or parameters or self.max_calls == 0 or rows >= self.max_texts or size >= self.max_bytes:
+            return await self._direct(_Request(inputs, rows, size, parameters, deadline))
+        request = _Request(inputs, rows, size, deadline=deadline)
         self._queue.append(request)
         self._queued_rows += rows
         self._dispatch()
         try:
-            return await request.answer
-        except asyncio.CancelledError:  # the client went away: give up the place if it is still queued
+            if deadline is None:
+                return await request.answer
+            return await asyncio.wait_for(request.answer, deadline - time.perf_counter())
+        except (asyncio.CancelledError, asyncio.TimeoutError) as exc:
+            # the client went away or its budget ran out: give up the place if it is still queued
             if request in self._queue:
                 self._queue.remove(request)
                 self._queued_rows -= rows
+            if isinstance(exc, asyncio.TimeoutError):
+                raise TimedOut("its time budget ran out while it waited") from None
             raise
 
     def _dispatch(self) -> None:
@@ -122,6 +149,10 @@ class Coalescer:
         batch, rows, size = [], 0, 0
         while self._queue:
             request = self._queue[0]
+            if request.answer.done():  # its budget ran out as it was being removed
+                self._queue.popleft()
+                self._queued_rows -= request.rows
+                continue
             if batch and (rows + request.rows > self.max_texts or size + request.size > self.max_bytes):
                 break
             batch.append(self._queue.popleft())
@@ -140,8 +171,9 @@ class Coalescer:
             try:
                 try:
                     outputs = await self.link.infer(
-                        self.model, inputs, self.outputs, self.max_texts, self.max_bytes, len(batch), ids, trace
-                    )
+                        self.model, inputs, self.outputs, self.max_texts, self.max_bytes, len(batch), ids, trace,
+                        timeout_s=_latest(batch),
+                    )  # fmt: skip
                 finally:  # this call's time, before any retry below adds its own
                     for request in batch:
                         _timed(request.context, sent, sent - request.queued)
@@ -169,7 +201,7 @@ class Coalescer:
         try:
             return await self.link.infer(
                 self.model, request.inputs, self.outputs, self.max_texts, self.max_bytes, 1, request.id, request.trace,
-                parameters=request.parameters,
+                parameters=request.parameters, timeout_s=_latest([request]),
             )  # fmt: skip
         finally:
             _timed(request.context, started)

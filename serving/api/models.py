@@ -48,6 +48,7 @@ class ServedModel:
     limits: Limits
     prompts: dict[str, str]  # sentence-transformers' prompts by name (TEI's prompt_name)
     calibration: Calibration | None  # an embedder's int8/uint8 calibration from its export; None if it has none
+    query_lane: str = ""  # the Triton model queries go to ([priority]); "" when it has none
 
     @property
     def task(self) -> str:
@@ -98,7 +99,10 @@ def served_model(deployment: Deployment, settings: Settings, repository: Path) -
     prompts = json.loads(prompts_file.read_text()).get("prompts", {}) if prompts_file.is_file() else {}
     limits = Limits(deployment.api.max_inputs, settings.tokenizer.max_text_bytes, spec.output_size)
     calibration = Calibration.load(folder)
-    return ServedModel(settings.model.name, names.model, settings, spec, tokenizer, whole, limits, prompts, calibration)
+    lane = names.query_lane if names.query_lane and (repository / names.query_lane).is_dir() else ""
+    return ServedModel(
+        settings.model.name, names.model, settings, spec, tokenizer, whole, limits, prompts, calibration, lane
+    )
 
 
 class Models:

@@ -28,6 +28,12 @@ class RequestContext:
     inference_s: float = 0.0  # the Triton calls that carried its texts (tokenize, model, pooling, gRPC)
     tokens: int = 0
     trace: dict[str, str] = field(default_factory=dict)  # traceparent of this request's span (serving/tracing.py)
+    tenant: str = ""  # the tenant its API key names (serving/tenants.py); "" without a keys file
+    max_class: str = "query"  # the highest priority class its tenant may use (settings PRIORITY_CLASSES)
+    asked_class: str | None = None  # the class the caller named (X-Priority, Cohere's input_type)
+    budget_s: float | None = None  # the time budget the caller gave (X-Request-Timeout)
+    priority_class: str | None = None  # the class it is served as, and the perf_counter() time by which it
+    deadline: float | None = None  # must be answered, else 504 (serving/api/priority.py settles both)
 
     def headers(self) -> dict[str, str]:
         """TEI's timing headers, in whole milliseconds as TEI writes them, and the id."""

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from serving.api.models import ServedModel
 from serving.api.quantization import encoded_rows
+from serving.api.request_context import CURRENT
 from serving.api.routes_openai import embed_texts
 from serving.api.routes_tei import pair_scores
 from serving.api.schema import (
@@ -67,6 +68,9 @@ def embed(version: str):
         parsed = cohere_embed_request(body, model.limits, version)
         ranges = model.ranges_for(parsed.embedding_types, "embedding_types", parsed.dimensions)
         texts = read_as_asked(model, parsed)
+        context = CURRENT.get()
+        if parsed.input_type == "search_query" and context is not None and context.asked_class is None:
+            context.asked_class = "query"  # Cohere's callers say which side a text is on: a query waits for no one
         vectors, tokens = await embed_texts(request, model, texts, parsed.dimensions, normalize=True)
         rows = {kind: encoded_rows(vectors, kind, ranges) for kind in parsed.embedding_types}
         return answer(cohere_embed_response(rows, int(tokens.sum()), parsed, str(uuid.uuid4()), version))

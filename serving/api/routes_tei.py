@@ -21,6 +21,7 @@ from common.contract import (
 from protocol.sparse import entries
 from serving.api.chunking import requested_chunking
 from serving.api.models import ServedModel
+from serving.api.request_context import CURRENT
 from serving.api.routes_multi_vector import embed_all
 from serving.api.routes_openai import embed_chunks, embed_texts
 from serving.api.schema import (
@@ -114,7 +115,10 @@ async def predict(request: web.Request) -> web.Response:
 
 
 async def pair_scores(request: web.Request, model: ServedModel, question: bytes, texts: list[bytes]) -> np.ndarray:
-    """The reranker's logit for each (query, text) pair."""
+    """The reranker's logit for each (query, text) pair: a query's, whatever the count (a user waits on it)."""
+    context = CURRENT.get()
+    if context is not None and context.asked_class is None:
+        context.asked_class = "query"
     inputs = {QUERY_INPUT: [question] * len(texts), TEXT_INPUT: texts}
     return (await api_of(request).infer(model, inputs, [SCORE_OUTPUT]))[SCORE_OUTPUT].reshape(-1)
 

@@ -20,9 +20,12 @@ ENCODINGS = (*FLOATS, *QUANTIZED)
 class ApiError(Exception):
     """An answer other than 200, in OpenAI's error shape."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, param: str | None = None, code: str | None = None, retry_after: int = 1
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.retry_after = retry_after  # the Retry-After (whole seconds) of a 429 or 503
 
     @property
     def kind(self) -> str:

@@ -16,9 +16,12 @@ from protocol.api_key import api_key
 from serving.api.call_stats import CallStats
 from serving.api.coalescer import Coalescer
 from serving.api.models import Models, ServedModel
-from serving.api.request_context import CURRENT
+from serving.api.priority import settle
+from serving.api.request_context import CURRENT, RequestContext
 from serving.api.schema import ApiError
 from serving.api.triton_link import BadInput, NotReady, Overloaded, TimedOut, TritonError, TritonLink
+from serving.tenant_limits import retry_after
+from serving.tenants import Tenants
 from serving.tracing import Tracing
 from settings import Deployment
 
@@ -36,8 +39,11 @@ class Api:
         self.api_key = api_key()
         self.in_flight = 0
         self.created = int(time.time())
-        self.stats = CallStats(port, [model.triton for model in models.all])
+        lanes = [model.query_lane for model in models.all if model.query_lane]
+        self.stats = CallStats(port, [model.triton for model in models.all] + lanes)
         self.tracing = Tracing.of(deployment.tracing, "api")
+        # Rates shared with the server's other fronts: those of its (public) gRPC port, server.grpc_port.
+        self.tenants = Tenants.of(deployment, deployment.server.grpc_port, "api")
         self.link: TritonLink | None = None
         self.session: aiohttp.ClientSession | None = None
         self._coalescers: dict[tuple[str, tuple[str, ...]], Coalescer] = {}
@@ -52,12 +58,14 @@ class Api:
         if self.tracing is not None:
             self.tracing.shutdown()
 
-    def coalescer(self, model: ServedModel, outputs: tuple[str, ...]) -> Coalescer:
-        key = (model.triton, outputs)
+    def coalescer(self, triton: str, model: ServedModel, outputs: tuple[str, ...]) -> Coalescer:
+        """The Coalescer of one Triton model (the model's, or its query lane) and outputs: queries and ingestion
+        never share a call, nor wait for each other's."""
+        key = (triton, outputs)
         if key not in self._coalescers:
             settings = self.deployment.api
             self._coalescers[key] = Coalescer(
-                self.link, model.triton, list(outputs), model.max_texts, model.max_bytes,
+                self.link, triton, list(outputs), model.max_texts, model.max_bytes,
                 settings.coalesce_calls, settings.coalesce_window_ms / 1000,
             )  # fmt: skip
         return self._coalescers[key]
@@ -67,21 +75,40 @@ class Api:
     ) -> dict:
         """The model's outputs and each row's token count, Triton's refusals worded for the caller; `parameters`:
         KServe request parameters (such a request is a call of its own)."""
+        # --- tenants (serving/tenants.py): texts/s is charged here, where a request's texts are counted ---
+        context = CURRENT.get()
+        if self.tenants is not None and context is not None and context.tenant:
+            texts = len(next(iter(inputs.values()), []))
+            wait = self.tenants.admit_texts(context.tenant, texts)
+            if wait:
+                tenant = self.tenants.named(context.tenant)
+                message = f"tenant {context.tenant!r} is over its texts_per_s = {tenant.texts_per_s:g}"
+                raise ApiError(429, message, code="rate_limit_exceeded", retry_after=retry_after(wait))
+        # --- end of tenants ---
+        context = context or RequestContext("")
+        rows = len(next(iter(inputs.values())))
+        priority_class = settle(context, self.deployment.priority, rows, self.deployment.api.timeout_s)
+        triton = model.query_lane if priority_class == "query" and model.query_lane else model.triton
+        queued = context.queue_s
         try:
-            result = await self.coalescer(model, (*outputs, TOKENS_OUTPUT)).infer(inputs, parameters)
+            result = await self.coalescer(triton, model, (*outputs, TOKENS_OUTPUT)).infer(
+                inputs, parameters, context.deadline, alone=context.budget_s is not None
+            )
         except BadInput as exc:
             raise ApiError(400, f"tritonserver refused the texts: {exc}", "input") from None
         except Overloaded as exc:
+            self.stats.count_class(priority_class, "overloaded")
             raise ApiError(429, f"Model is overloaded: {exc}", code="overloaded") from None
         except NotReady as exc:
             raise ApiError(503, f"tritonserver is not ready: {exc}", code="not_ready") from None
-        except TimedOut:
-            raise ApiError(504, f"no answer within api.timeout_s = {self.deployment.api.timeout_s} s") from None
+        except TimedOut as exc:
+            self.stats.count_class(priority_class, "timed_out")
+            budget = (context.deadline or 0) - context.started
+            raise ApiError(504, f"no answer within its time budget of {budget:.3f} s: {exc}", code="timeout") from None
         except TritonError as exc:
             raise ApiError(500, f"tritonserver failed: {exc}") from None
-        context = CURRENT.get()
-        if context is not None:
-            context.tokens += int(result[TOKENS_OUTPUT].sum())
+        self.stats.count_class(priority_class, "served", context.queue_s - queued)
+        context.tokens += int(result[TOKENS_OUTPUT].sum())
         return result
 
 

@@ -102,13 +102,17 @@ class TritonLink:
         request_id: str,
         trace: dict[str, str],
         parameters: dict | None,
+        timeout_s: float | None,
     ) -> dict:
         if self.stats is not None:
             self.stats.count(model, len(next(iter(inputs.values()))), requests)
+        if timeout_s is not None and timeout_s <= 0:
+            raise TimedOut("its time budget ran out before the call")
         try:
             request = tensors_infer_request(model, inputs, outputs, request_id, parameters)
             metadata = (*self._key, *trace.items()) or None
-            data = await next(self._calls)(request, timeout=self.timeout_s, metadata=metadata)
+            timeout = self.timeout_s if timeout_s is None else min(timeout_s, self.timeout_s)
+            data = await next(self._calls)(request, timeout=timeout, metadata=metadata)
         except grpc.aio.AioRpcError as exc:
             raise _error(exc) from None
         return decode_response(data)
@@ -124,21 +128,23 @@ class TritonLink:
         request_id: str = "",
         trace: dict[str, str] | None = None,
         parameters: dict | None = None,
+        timeout_s: float | None = None,
     ) -> dict[str, np.ndarray]:
         """The model's `outputs` for rows of BYTES inputs already UTF-8 (every input one row per text), one
         output row per input row in order; split into requests of at most max_texts rows and max_bytes.
         `requests`: how many API requests the rows are (the Coalescer's), for the call statistics;
         `request_id`: Triton's id of the call(s), for its logs and traces; `trace`: W3C trace context headers
         (serving/tracing.py) that make Triton's spans part of the caller's trace; `parameters`: the request's
-        KServe parameters (a sparse model's sparse_top_k, sparse_threshold)."""
+        KServe parameters (a sparse model's sparse_top_k, sparse_threshold); `timeout_s`: the gRPC deadline, at
+        most api.timeout_s: past it, tritonserver drops the request from its queue unrun (a cancelled call)."""
         trace = trace or {}
         rows = list(zip(*inputs.values(), strict=True))
         bounds = chunk_bounds([sum(map(len, row)) for row in rows], max_texts, max_bytes)
         if len(bounds) == 1:
-            return await self._call(model, inputs, outputs, requests, request_id, trace, parameters)
+            return await self._call(model, inputs, outputs, requests, request_id, trace, parameters, timeout_s)
         calls = [
             self._call(model, {name: values[bound] for name, values in inputs.items()}, outputs, 1, request_id, trace,
-                       parameters)
+                       parameters, timeout_s)
             for bound in bounds
         ]  # fmt: skip
         parts = await asyncio.gather(*calls)

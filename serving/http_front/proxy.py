@@ -16,6 +16,10 @@ listens on server.http_port. For each request it
 - answers 503 while tritonserver is down (the launcher starts it again);
 - with an API key set (protocol/api_key.py), answers 401 to an inference request without it (Triton's own
   check, which the key restricts its inference group to, would answer 403 with its own wording);
+- with a keys file (serving/tenants.py), answers 401 to an inference request without a tenant's key, 403 to
+  one for a model's query lane (<model>-query) from a tenant whose max_priority is ingestion, and 429 with
+  Retry-After over the tenant's requests/s or texts/s (inputs[0].shape[0], read from the JSON only for a
+  tenant with a texts/s limit);
 - echoes each request's X-Request-Id (serving/request_id.py: the caller's if plain, else a new one), puts
   it in its log lines about the request and, where an inference request's JSON has no top-level "id", sets
   that to it (Triton takes a request id only there, answers it in the response's "id" and traces with it);
@@ -39,7 +43,10 @@ from aiohttp import web
 from protocol.api_key import HEADER, accepted, api_key
 from serving.log import LOG_FORMATS, configure
 from serving.request_id import REQUEST_ID, request_id
-from serving.tracing import Tracing, request_span
+from serving.tenant_limits import retry_after
+from serving.tenants import Tenant, Tenants
+from serving.tracing import Tracing, request_span, set_attribute
+from settings import load_deployment, override_flags
 from settings.schema import TracingSettings
 
 log = logging.getLogger("front")
@@ -63,12 +70,15 @@ DROPPED = frozenset(
 # Nor sent on to Triton: the encoding of a body inflated here, and the binary-data header, which is set anew.
 REQUEST_DROPPED = DROPPED | {"content-encoding", BINARY_HEADER.lower()}
 INFER_PATH = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$")
+# Triton's inference group, which a keys file restricts here (Triton then checks no key on its loopback port)
+INFERENCE_PATH = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/(infer|generate|generate_stream)$")
 OBJECT_START = re.compile(rb'\s*\{(?=\s*")')  # a JSON object's opening brace, a key after it
 UPSTREAM = web.AppKey("upstream", str)
 LIMIT = web.AppKey("limit", int)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 KEY = web.AppKey("key", object)  # the API key, or None
 TRACING = web.AppKey("tracing", object)  # serving/tracing.py's Tracing, or None
+TENANTS = web.AppKey("tenants", object)  # serving/tenants.py's Tenants, or None without a keys file
 
 
 class BodyError(Exception):
@@ -173,9 +183,46 @@ async def forward(request: web.Request) -> web.Response:
     return response
 
 
+def kserve_texts(body: bytes, binary_header: str | None) -> int:
+    """inputs[0].shape[0] of a KServe JSON inference request; 1 for what is not plainly such a request (Triton
+    refuses it, or it is one text)."""
+    try:
+        request = json.loads(body[: int(binary_header)] if binary_header is not None else body)
+        texts = request["inputs"][0]["shape"][0]
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return 1
+    return texts if type(texts) is int and texts >= 0 else 1
+
+
+def tenant_refusal(request: web.Request, tenant: Tenant, body: bytes) -> web.Response | None:
+    """403 above the tenant's priority ceiling (a query lane's URL), 429 with Retry-After over its rates, or
+    None: it may pass."""
+    tenants: Tenants = request.app[TENANTS]
+    binary_header = request.headers.get(BINARY_HEADER)
+    texts = kserve_texts(body, binary_header) if tenants.needs_shape(tenant) else 0
+    problem = tenants.priority_problem(tenant, request.path.split("/")[3])  # /v2/models/<model>/...
+    if problem:
+        return error(403, problem)
+    wait = tenants.admit(tenant, 1, texts)
+    if not wait:
+        return None
+    rates = f"requests_per_s = {tenant.requests_per_s:g}, texts_per_s = {tenant.texts_per_s:g}"
+    refused = error(429, f"tenant {tenant.name!r} is over its rate ({rates}): retry after Retry-After seconds")
+    refused.headers["Retry-After"] = str(retry_after(wait))
+    return refused
+
+
 async def _forward(request: web.Request, identity: str, trace: dict[str, str]) -> web.Response:
-    key = request.app[KEY]
-    if key and INFER_PATH.match(request.path) and not accepted(request.headers.get(HEADER), key):
+    key, tenants = request.app[KEY], request.app[TENANTS]
+    tenant = None
+    if tenants is not None and INFERENCE_PATH.match(request.path):
+        tenant = tenants.identify(request.headers.get(HEADER))
+        if tenant is None:
+            refused = error(401, "a valid API key is required: send Authorization: Bearer <key>")
+            refused.force_close()  # the body is not read
+            return refused
+        set_attribute(request.app[TRACING], "tenant", tenant.name)
+    elif key and INFER_PATH.match(request.path) and not accepted(request.headers.get(HEADER), key):
         refused = error(401, "a valid API key is required: send Authorization: Bearer <key>")
         refused.force_close()  # the body is not read
         return refused
@@ -184,6 +231,8 @@ async def _forward(request: web.Request, identity: str, trace: dict[str, str]) -
     except BodyError as exc:
         refused = error(exc.status, str(exc))
         refused.force_close()  # the rest of the body is not read (nor decoded): this connection ends here
+        return refused
+    if tenant is not None and (refused := tenant_refusal(request, tenant, body)) is not None:
         return refused
     binary_header = request.headers.get(BINARY_HEADER)
     infer = request.method == "POST" and INFER_PATH.match(request.path) is not None
@@ -203,8 +252,9 @@ async def _forward(request: web.Request, identity: str, trace: dict[str, str]) -
         async with request.app[SESSION].request(request.method, url, data=sent, headers=headers) as upstream:
             data = await upstream.read()
     except aiohttp.ClientConnectionError:
-        where = f"{request.method} {request.path[:200]!r}"
-        log.error(f"request {identity} {where}: 503, tritonserver is not answering", extra={"request_id": identity})
+        where = f"{request.method} {request.path[:200]!r}" + (f" (tenant {tenant.name})" if tenant else "")
+        extra = {"request_id": identity, "tenant": tenant.name if tenant else None}
+        log.error(f"request {identity} {where}: 503, tritonserver is not answering", extra=extra)
         return error(503, "tritonserver is not running (the launcher is starting it again): retry shortly")
     status = upstream.status
     if status == 500 and infer:
@@ -222,10 +272,13 @@ def _error_text(data: bytes) -> str:
         return data[:200].decode(errors="replace")
 
 
-def make_app(upstream: str, max_body_bytes: int, tracing: Tracing | None = None) -> web.Application:
+def make_app(
+    upstream: str, max_body_bytes: int, tracing: Tracing | None = None, tenants: Tenants | None = None
+) -> web.Application:
     """The front's aiohttp application: every path and method goes to tritonserver at upstream (host:port)."""
     app = web.Application(client_max_size=max_body_bytes)
     app[TRACING] = tracing
+    app[TENANTS] = tenants
     app[UPSTREAM] = f"http://{upstream}"
     app[LIMIT] = max_body_bytes
     app[KEY] = api_key()
@@ -259,15 +312,23 @@ def command(
     max_body_bytes: int,
     log_format: str = "text",
     tracing: TracingSettings | None = None,
+    tenants: tuple[list, list, int] | None = None,
 ) -> list[str]:
-    """One worker's command line (after the interpreter), as FrontWorkers runs it."""
+    """One worker's command line (after the interpreter), as FrontWorkers runs it; tenants: (settings paths,
+    overrides, the server's gRPC port) of a deployment with a keys file, whose tenants it then checks."""
     traced = tracing is not None and tracing.endpoint
+    keyed = (
+        ["--settings", *map(str, tenants[0]), *override_flags(tenants[1]), "--tenants-scope", str(tenants[2])]
+        if tenants
+        else []
+    )
     return [
         "-m", "serving.http_front", "--host", host, "--port", str(port),
         "--upstream", f"127.0.0.1:{upstream_port}", "--max-body-bytes", str(max_body_bytes),
         "--log-format", log_format,
         *(["--trace-endpoint", tracing.endpoint, "--trace-sample-rate", str(tracing.sample_rate),
            "--trace-service-name", tracing.service_name] if traced else []),
+        *(keyed if tenants else []),
     ]  # fmt: skip
 
 
@@ -281,10 +342,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trace-endpoint", default="", help="tracing.endpoint (serving/tracing.py); none: off")
     parser.add_argument("--trace-sample-rate", type=float, default=0.01, help="tracing.sample_rate")
     parser.add_argument("--trace-service-name", default="bert-triton", help="tracing.service_name")
+    parser.add_argument("--settings", nargs="*", help="with --tenants-scope: the settings (tenants, priority)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="a settings override")
+    parser.add_argument("--tenants-scope", type=int, default=0, help="server.grpc_port: tenants' buckets; 0: none")
     args = parser.parse_args(argv)
     configure(args.log_format)
     # Only the front's own spans are its business: whether Triton traces too is the launcher's flag.
     settings = TracingSettings(args.trace_endpoint, args.trace_sample_rate, args.trace_service_name, triton_spans=False)
-    app = make_app(args.upstream, args.max_body_bytes, Tracing.of(settings, "front"))
+    deployment = load_deployment(args.settings or [], args.set) if args.tenants_scope else None
+    tenants = Tenants.of(deployment, args.tenants_scope, "http") if deployment else None
+    app = make_app(args.upstream, args.max_body_bytes, Tracing.of(settings, "front"), tenants)
     # The launcher stops the front after tritonserver: whatever is still in flight then is answered 503 at once.
     web.run_app(app, host=args.host, port=args.port, reuse_port=True, access_log=None, print=None, shutdown_timeout=5)

@@ -25,7 +25,7 @@ import sys
 import threading
 from pathlib import Path
 
-from serving.launcher.fronts import start_api_front, start_http_front, start_metrics_port
+from serving.launcher.fronts import start_api_front, start_grpc_front, start_http_front, start_metrics_port
 from serving.launcher.health import HealthEndpoint
 from serving.launcher.shm import remove_orphaned_shm
 from serving.launcher.supervision import Supervisor
@@ -33,6 +33,7 @@ from serving.launcher.triton_command import Ports, free_port_besides
 from serving.launcher.tritonserver import TritonServer
 from serving.log import LOG_FORMATS, configure
 from serving.processes import ServerError
+from serving.tenants import KeysError, read_keys
 from settings import SettingsError, load_deployment
 
 log = logging.getLogger("launcher")
@@ -52,6 +53,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--triton-metrics-port", type=int, help="tritonserver's own metrics on 127.0.0.1 (default: a free port)"
     )
+    parser.add_argument(
+        "--triton-grpc-port",
+        type=int,
+        help="with a keys file, tritonserver's own gRPC on 127.0.0.1 (default: a free port)",
+    )
     parser.add_argument("--log-format", choices=LOG_FORMATS, help="default: server.log_format from the settings")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="a settings override")
     return parser.parse_args(argv)
@@ -62,7 +68,7 @@ def announcement(server: TritonServer, http_front: bool, api_front: bool) -> str
     ports, host = server.ports, server.host
     parts = [
         f"HTTP {host}:{ports.http}" + (f" (front; tritonserver {server.http_url})" if http_front else ""),
-        f"gRPC {server.grpc_url}",
+        f"gRPC {host}:{ports.grpc}" + (f" (front; tritonserver {server.grpc_url})" if ports.triton_grpc else ""),
         f"metrics {host}:{ports.metrics}"
         + (f" (tritonserver 127.0.0.1:{ports.triton_metrics})" if ports.triton_metrics else ""),
         f"launcher /ready, /live and /metrics on {host}:{ports.health}",
@@ -85,9 +91,15 @@ def main(argv: list[str] | None = None) -> int:
         ports = dataclasses.replace(ports, api=defaults.api if args.api_port is None else args.api_port)
         taken = set(dataclasses.astuple(ports))  # chosen, maybe not bound yet: never Triton's metrics port too
         ports = dataclasses.replace(ports, triton_metrics=args.triton_metrics_port or free_port_besides(taken))
+        if settings.tenants.keys_file:  # the gRPC front takes server.grpc_port (serving/grpc_front)
+            if not ports.triton_http:
+                raise SettingsError("tenants.keys_file needs the HTTP front (front.workers >= 1) to check keys on HTTP")
+            read_keys(settings.tenants.keys_file)  # a wrong file is said here, before anything starts
+            taken.add(ports.triton_metrics)
+            ports = dataclasses.replace(ports, triton_grpc=args.triton_grpc_port or free_port_besides(taken))
         server = TritonServer(settings, args.repository, ports, args.host, console_log=True)
         server.command()  # refuse a bad repository or stub interpreter before anything starts
-    except (SettingsError, ServerError) as exc:
+    except (SettingsError, ServerError, KeysError) as exc:
         log.error(f"serve failed: {exc}")
         return 1
     supervisor = Supervisor(server)
@@ -112,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if ports.triton_http:
                 supervisor.fronts["http"] = start_http_front(server, settings)
+            if ports.triton_grpc:
+                supervisor.fronts["grpc"] = start_grpc_front(server, settings)
             metrics = start_metrics_port(server)
             if ports.api:
                 supervisor.fronts["api"] = start_api_front(server, settings)

@@ -58,8 +58,9 @@ class Launcher:
         command = [sys.executable, "-m", "serving.launcher", "--settings", *map(str, paths)]
         command += ["--repository", str(self.repository), "--host", "127.0.0.1"]
         command += override_flags(self.overrides)
-        for name in ("http", "grpc", "metrics", "health", "triton_http", "api"):
-            command += [f"--{name.replace('_', '-')}-port", str(getattr(self.ports, name))]
+        for name in ("http", "grpc", "metrics", "health", "triton_http", "api", "triton_grpc"):
+            if name != "triton_grpc" or self.ports.triton_grpc:
+                command += [f"--{name.replace('_', '-')}-port", str(getattr(self.ports, name))]
         with self.log_path.open("ab") as log:
             # A process group of its own, as a terminal's job gets: interrupt() is what Ctrl-C there sends.
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -17,7 +17,7 @@ from serving.processes import require_free_port
 class HealthSource(Protocol):
     def ready(self) -> tuple[bool, list[str]]: ...
 
-    def live(self) -> bool: ...
+    def live(self) -> tuple[bool, list[str]]: ...
 
     def status(self) -> dict: ...
 
@@ -25,7 +25,8 @@ class HealthSource(Protocol):
 
 
 class HealthEndpoint(ThreadingHTTPServer):
-    """GET /ready (200 or 503 with the problems), /live (200 while tritonserver runs), both JSON, and /metrics
+    """GET /ready (200 or 503 with the problems), /live (200 while tritonserver runs and answers its canaries;
+    503 with the problem otherwise), both JSON, and /metrics
     (Prometheus text: the launcher's restarts of tritonserver, of stages and of fronts)."""
 
     daemon_threads = True
@@ -48,8 +49,8 @@ class _HealthHandler(BaseHTTPRequestHandler):
             ok, problems = source.ready()
             body = {"ready": ok, "problems": problems}
         elif self.path == "/live":
-            ok = source.live()
-            body = {"live": ok}
+            ok, problems = source.live()
+            body = {"live": ok, "problems": problems}
         else:
             self.send_error(404, "GET /ready, /live or /metrics")
             return

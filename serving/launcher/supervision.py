@@ -1,6 +1,7 @@
 """The Supervisor: the one object that owns the launcher's state. It runs tritonserver and starts it again when
-it dies (bounded backoff: at most server.max_restarts deaths within server.restart_window_s), keeps the fronts
-beside it in its readiness, drains on a signal, and returns the exit status that ends the launcher. The main
+it dies (bounded backoff: at most server.max_restarts deaths within server.restart_window_s) or hangs (the
+canary, canary.py: /live 503 with the reason, then SIGKILL, counted as a death), keeps the fronts beside it in
+its readiness, drains on a signal, and returns the exit status that ends the launcher. The main
 thread waits in short steps, so that a signal another thread received runs its handler (the drain) at once."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from serving.launcher.canary import Canary, grpc_target, served_probes
 from serving.launcher.tritonserver import TritonServer
 from serving.processes import ServerError
 from serving.workers import FrontWorkers
@@ -81,6 +83,9 @@ class Supervisor:
         self.stopping = threading.Event()  # set when a drain begins: ends a restart backoff at once
         self.came_up = False  # some tritonserver of this launcher came up: a later failure is a death
         self.announcement = "tritonserver ready"  # printed each time it comes up: what listens where
+        self.canary: Canary | None = None  # the running tritonserver's, once it came up
+        self.hang: str | None = None  # why tritonserver was found hung: /live says it until the next one starts
+        self.hangs = 0
 
     def ready(self) -> tuple[bool, list[str]]:
         """(ready, problems): what the launcher's /ready answers."""
@@ -90,9 +95,13 @@ class Supervisor:
             problems += front.problems()
         return not problems, problems
 
-    def live(self) -> bool:
+    def live(self) -> tuple[bool, list[str]]:
+        """(live, problems): what the launcher's /live answers: tritonserver runs and was not found hung."""
+        problems = [f"tritonserver hung: {self.hang}"] if self.hang else []
         process = self.server.process
-        return process is not None and process.poll() is None
+        if process is None or process.poll() is not None:
+            problems.append("tritonserver is not running")
+        return not problems, problems
 
     def status(self) -> dict:
         """What /ready and /live add to their answer: the restarts so far."""
@@ -110,6 +119,8 @@ class Supervisor:
         families = [
             ("tritonserver_restarts_total", "counter", "Times the launcher started tritonserver again after it died",
              [("", self.restarts.total)]),
+            ("tritonserver_hangs_total", "counter", "Times the canary found tritonserver hung (then killed it)",
+             [("", self.hangs)]),
             ("stub_restarts_total", "counter", "Reloads of a Python model after one of its stubs died",
              [(f'{{model="{model}"}}', count) for model, count in sorted(stubs.items())]),
             ("front_restarts_total", "counter", "Times the launcher started a dead front worker again",
@@ -129,12 +140,38 @@ class Supervisor:
             return
         self.draining = True
         self.stopping.set()
+        if self.canary:
+            self.canary.stop()
         self.server.shut_down()
+
+    def start_canary(self) -> None:
+        """The canary of the tritonserver that just came up (none while server.canary_interval_s is 0)."""
+        server, settings = self.server, self.server.deployment.server
+        if settings.canary_interval_s <= 0 or self.draining:
+            return
+        process = server.process
+
+        def on_hang(reason: str) -> None:
+            if self.draining or server.process is not process:
+                return
+            self.hang, self.hangs = reason, self.hangs + 1
+            log.error(f"tritonserver is hung: {reason}; SIGKILL, then it is started again as after a crash")
+            process.kill()
+
+        def paused() -> bool:  # a model whose stub the watchdog reloads fails meanwhile: that is the watchdog's
+            return self.draining or bool(server.watchdog and server.watchdog.problems())
+
+        probes = served_probes(server.deployment, server.repository)
+        target = grpc_target(server.grpc_url)  # its own, behind the gRPC front when there is one
+        self.canary = Canary(
+            target, probes, settings.canary_interval_s, settings.canary_timeout_s, on_hang, paused
+        ).start()
 
     def run(self) -> int:
         """Run tritonserver until a drain ends it, starting it again when it dies: the launcher's exit status."""
         server, settings = self.server, self.server.deployment.server
         while True:
+            self.hang = None
             try:
                 server.start()
             except ServerError as exc:
@@ -147,7 +184,11 @@ class Supervisor:
             else:
                 self.came_up = True
                 log.info(self.announcement)
+                self.start_canary()
             code = wait_for_exit(server.process)
+            if self.canary:
+                self.canary.stop()
+                self.canary = None
             server.reap()
             log.info(f"tritonserver exited with {describe_exit(code)}")
             if self.draining:

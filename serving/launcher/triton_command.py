@@ -34,6 +34,9 @@ class Ports:
     # 0: tritonserver's metrics on host:metrics themselves
     triton_metrics: int = 0
     api: int = 0  # the launcher's API front (serving/api), OpenAI- and TEI-compatible; 0: none
+    # tritonserver's own gRPC on 127.0.0.1 behind the gRPC front on `grpc` (tenants.keys_file set; the launcher
+    # picks a free port unless --triton-grpc-port names one); 0: tritonserver's gRPC on host:grpc
+    triton_grpc: int = 0
 
     @classmethod
     def free(cls) -> Ports:
@@ -58,6 +61,10 @@ class Ports:
     def triton_http_address(self, host: str) -> tuple[str, int]:
         """Where tritonserver's own HTTP listens: on loopback behind the front, else on host:http."""
         return ("127.0.0.1", self.triton_http) if self.triton_http else (host, self.http)
+
+    def triton_grpc_address(self, host: str) -> tuple[str, int]:
+        """Where tritonserver's own gRPC listens: on loopback behind the gRPC front, else on host:grpc."""
+        return ("127.0.0.1", self.triton_grpc) if self.triton_grpc else (host, self.grpc)
 
     def triton_metrics_address(self, host: str) -> tuple[str, int]:
         """Where tritonserver's own metrics listen: on loopback behind the launcher's proxy, else on host:metrics."""
@@ -110,14 +117,15 @@ def server_command(
     ]
     http_host, http_port = ports.triton_http_address(host)
     metrics_host, metrics_port = ports.triton_metrics_address(host)
+    grpc_host, grpc_port = ports.triton_grpc_address(host)
     return [
         str(binary),
         f"--model-repository={repository}",
         f"--backend-directory={backends}",
         f"--http-address={http_host}",
         f"--http-port={http_port}",
-        f"--grpc-address={host}",
-        f"--grpc-port={ports.grpc}",
+        f"--grpc-address={grpc_host}",
+        f"--grpc-port={grpc_port}",
         f"--metrics-address={metrics_host}",
         f"--metrics-port={metrics_port}",
         f"--backend-config=python,shm-default-byte-size={SHM_DEFAULT_BYTES}",

@@ -105,7 +105,9 @@ class TritonServer:
 
     @property
     def grpc_url(self) -> str:
-        return f"{self.host}:{self.ports.grpc}"
+        """tritonserver's own gRPC (behind the gRPC front when there is one)."""
+        host, port = self.ports.triton_grpc_address(self.host)
+        return f"{host}:{port}"
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         if not any(self.repository.glob("*/config.pbtxt")):
@@ -128,7 +130,8 @@ class TritonServer:
             self.deployment.triton_exit_timeout_s,
             self.admin_key,
             self.deployment.uses_gpus,
-            api_key(),
+            # With tenants the fronts check the keys, and Triton's ports are on loopback (serving/tenants.py).
+            None if self.deployment.tenants.keys_file else api_key(),
             self.deployment.tracing,
             self.deployment.rate_limited,
         )
@@ -142,7 +145,10 @@ class TritonServer:
         metrics_setting = "--triton-metrics-port" if self.ports.triton_metrics else "server.metrics_port"
         checks = [
             (http_host, http_port, "front.triton_http_port" if self.ports.triton_http else "server.http_port"),
-            (self.host, self.ports.grpc, "server.grpc_port"),
+            (
+                *self.ports.triton_grpc_address(self.host),
+                "--triton-grpc-port" if self.ports.triton_grpc else "server.grpc_port",
+            ),
             (metrics_host, metrics_port, metrics_setting),
         ]
         for host, port, setting in checks:

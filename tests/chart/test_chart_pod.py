@@ -20,7 +20,11 @@ def test_probes_include_a_real_inference(chart):
     startup, liveness = container["startupProbe"], container["livenessProbe"]
     assert startup["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 600  # model load and warm-up take minutes
-    assert liveness["httpGet"] == {"path": "/v2/health/live", "port": "http"}
+    # The launcher's /live, which its canary turns 503 for a hung tritonserver (Triton's own stays 200).
+    assert liveness["httpGet"] == {"path": "/live", "port": load_settings(None).server.health_port}
+    object_store = {"modelRepository": {"source": "objectStore", "objectStore": {"uri": "s3://b/r"}}}
+    no_launcher = server_container(render(chart, object_store))["livenessProbe"]
+    assert no_launcher["httpGet"] == {"path": "/v2/health/live", "port": "http"}
     readiness = container["readinessProbe"]
     command = readiness["exec"]["command"]
     assert command[:2] == ["python3", SERVER_IMAGE_HEALTHCHECK]

@@ -12,7 +12,7 @@ import yaml
 
 from serving.launcher.triton_command import SHM_DEFAULT_BYTES
 from settings import ROOT, load_deployment, load_settings
-from settings.deployment import python_stubs
+from settings.deployment import SERVER_WIDE, python_stubs
 from tests.chart.helm import (
     CHART,
     CONFIGS,
@@ -127,7 +127,7 @@ def test_extra_models_are_served_beside_the_first(chart):
     objects = render(chart, {**overlay("gpu"), **overlay("reranker")})
     (config,) = objects["ConfigMap"]
     extra = tomllib.loads(config["data"]["model-1.toml"])
-    assert extra["model"]["name"] == reranker.model.name and not {"server", "front", "api"} & set(extra)
+    assert extra["model"]["name"] == reranker.model.name and not set(SERVER_WIDE) & set(extra)
     files = ["--settings", "/etc/bert-triton/settings.toml", "/etc/bert-triton/model-1.toml"]
     for container in pod_spec(objects)["containers"]:  # the launcher and the API front
         assert container["args"][:3] == files, container["name"]
@@ -152,7 +152,7 @@ def test_extra_models_are_served_beside_the_first(chart):
 )
 def test_an_extra_model_that_cannot_be_served_beside_the_first_is_refused(chart, extra, message):
     reranker = load_settings(ROOT / "settings" / "variants" / "reranker-bert-base-h200.toml")
-    text = reranker.as_toml(("server", "front", "api"))
+    text = reranker.as_toml(SERVER_WIDE)
     if "kind" in extra:
         text = text.replace('kind = "torch"', 'kind = "tensorrt"')
     elif extra:

@@ -71,8 +71,10 @@ def check_repository(root: Path, settings, spec: ServingSpec) -> None:
             *(late if settings.topology == "one_stage" else []),
         ]
     if settings.topology == "one_stage":
-        assert models == {"ensemble"}
+        assert models == ({"ensemble", "ensemble-query"} if settings.priority.enabled else {"ensemble"})
         check_one_stage(root, settings, ensemble)
+        if settings.priority.enabled:
+            check_query_lane(root, settings, ensemble)
         return
     check_two_stage(root, settings, spec)
     expected = ["tokenizer", "encoder"] + (["postprocess"] if spec.task == "classification" else [])
@@ -110,6 +112,16 @@ def check_one_stage(root: Path, settings, ensemble: mc.ModelConfig) -> None:
     check_engine(ensemble, settings)
     check_python_model(root, "ensemble", "pipeline_model")
     assert (root / "ensemble" / "1" / "tokenizer.json").is_file()
+
+
+def check_query_lane(root: Path, settings, model: mc.ModelConfig) -> None:
+    """The lane is the one-stage model under <name>-query with priority.query_instances in one group."""
+    lane = parse(root / "ensemble-query" / "config.pbtxt")
+    assert (lane.input, lane.output, lane.parameters) == (model.input, model.output, model.parameters)
+    assert lane.max_batch_size == model.max_batch_size and lane.backend == "python"
+    assert [group.count for group in lane.instance_group] == [settings.priority.query_instances]
+    check_python_model(root, "ensemble-query", "pipeline_model")
+    assert (root / "ensemble-query" / "1" / "tokenizer.json").is_file()
 
 
 def check_two_stage(root: Path, settings, spec: ServingSpec) -> None:

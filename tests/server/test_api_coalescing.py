@@ -50,10 +50,11 @@ async def send_all(url: str, requests: list[tuple[str, dict]]) -> list[httpx.Res
 
 
 def call_counts(front: Front) -> tuple[float, float]:
-    """(Triton calls, API requests in them) of the front's bert_api_call_requests histogram."""
+    """(Triton calls, API requests in them) of the front's bert_api_call_requests histogram, over every Triton
+    model it calls (a query's go to the model's query lane)."""
     text = httpx.get(front.url + "/metrics", timeout=30).text
-    count = float(re.search(r"^bert_api_call_requests_count\{[^}]*\} (\S+)$", text, re.M).group(1))
-    total = float(re.search(r"^bert_api_call_requests_sum\{[^}]*\} (\S+)$", text, re.M).group(1))
+    count = sum(map(float, re.findall(r"^bert_api_call_requests_count\{[^}]*\} (\S+)$", text, re.M)))
+    total = sum(map(float, re.findall(r"^bert_api_call_requests_sum\{[^}]*\} (\S+)$", text, re.M)))
     return count, total
 
 

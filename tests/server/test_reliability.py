@@ -76,6 +76,9 @@ def test_faults_under_load_lose_nothing_and_recover(settings, exported, tmp_path
         assert event["watchdog_reload_s"] is not None and event["stubs_after"] >= 1
     crash = phases["crash-tritonserver"]["event"]
     assert crash["tritonserver_restarts"] == 1 and crash["ready_again_s"] < 60
+    hang = phases["hang-tritonserver"]["event"]  # the canary's defaults: found within 5 + 10 s
+    assert hang["live_503_after_s"] < 25 and any("hung" in problem for problem in hang["live_problems"]), hang
+    assert hang["tritonserver_restarts"] == 2 and hang["ready_again_s"] < 90
     bodies = phases["oversized-bodies"]["event"]
     assert bodies["tritonserver_survived"], bodies
     assert bodies["answers"] == {"413": 8, "400": 1, "404": 1}, "413 over the limit; the 5 MB body is answered"

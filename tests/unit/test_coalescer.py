@@ -26,7 +26,17 @@ class RecordingLink:
         self.fail: Exception | None = None
 
     async def infer(
-        self, model, inputs, outputs, max_texts, max_bytes, requests=1, request_id="", trace=None, parameters=None
+        self,
+        model,
+        inputs,
+        outputs,
+        max_texts,
+        max_bytes,
+        requests=1,
+        request_id="",
+        trace=None,
+        parameters=None,
+        timeout_s=None,
     ):
         texts = inputs["TEXT"]
         self.calls.append((list(texts), requests))

@@ -60,8 +60,9 @@ write it (read over settings/defaults.toml): the chart has no defaults of its ow
 {{- if $first }}
 {{- $_ := set $read "server" (list "http_port" "grpc_port" "metrics_port" "health_port" "exit_timeout_s" "unload_s_per_stub") }}
 {{- $_ := set $read "api" (list "port" "workers") }}
+{{- $_ := set $read "priority" (list "enabled" "query_instances") }}
 {{- else }}
-{{- range $section := list "server" "front" "api" }}
+{{- range $section := list "server" "front" "api" "priority" "tenants" "tracing" }}
 {{- if hasKey $raw $section }}
 {{- fail (printf "%s sets [%s]: the server-wide sections are settings.toml's (helm/sync_settings.py leaves them out)" $where $section) }}
 {{- end }}
@@ -87,14 +88,16 @@ the stage decides, and the image without torch serves onnxruntime_cpu */}}
 {{- $gpus = $raw.encoder.gpus }}
 {{- end }}
 {{/* Python stubs as settings/deployment.py python_stubs counts them: Triton runs an instance group's count on each
-GPU it lists; one stage is [encoder]'s, two stages [tokenizer]'s, [encoder]'s (unless TensorRT serves it) and a
-classifier's [postprocess]. */}}
+GPU it lists; one stage is [encoder]'s (and its query lane's, counted by bert-triton.settings, whose [priority]
+is the first model's), two stages [tokenizer]'s, [encoder]'s (unless TensorRT serves it) and a classifier's
+[postprocess]. */}}
 {{- $topology := $raw.ensemble.topology }}
 {{- if eq $topology "auto" }}
 {{- $topology = ternary "two_stage" "one_stage" (eq $kind "tensorrt") }}
 {{- end }}
 {{- $encoder := mul (int $raw.encoder.instances) (max 1 (len $raw.encoder.gpus)) }}
 {{- $stubs := $encoder }}
+{{- $laneDevices := ternary (max 1 (len $raw.encoder.gpus)) 0 (eq $topology "one_stage") }}
 {{- if eq $topology "two_stage" }}
 {{- $stubs = int $raw.tokenizer.instances }}
 {{- if ne $kind "tensorrt" }}
@@ -107,7 +110,7 @@ classifier's [postprocess]. */}}
 {{/* settings/deployment.py rate_limited: the rate limiter honours encoder.warm_first's priorities, which a Python
 encoder's instance groups carry (a TensorRT encoder's do not). */}}
 {{- $prefersFirst := and $raw.encoder.warm_first (gt (int $raw.encoder.instances) 1) (ne $kind "tensorrt") }}
-{{- dict "raw" $raw "engineKind" $kind "gpuIds" $gpus "pythonStubs" $stubs "prefersFirst" $prefersFirst | toJson }}
+{{- dict "raw" $raw "engineKind" $kind "gpuIds" $gpus "pythonStubs" $stubs "laneDevices" $laneDevices "prefersFirst" $prefersFirst | toJson }}
 {{- end }}
 
 {{/*
@@ -122,6 +125,7 @@ instances. Returned as JSON: use `fromJson (include "bert-triton.settings" .)`.
 {{- $server := $raw.server }}
 {{- $gpus := $first.gpuIds }}
 {{- $stubs := int $first.pythonStubs }}
+{{- $lanes := int $first.laneDevices }}
 {{- $kinds := list $first.engineKind }}
 {{- $names := list $raw.model.name }}
 {{- $rateLimited := $first.prefersFirst }}
@@ -136,8 +140,12 @@ instances. Returned as JSON: use `fromJson (include "bert-triton.settings" .)`.
 {{- $names = append $names $shape.raw.model.name }}
 {{- $gpus = concat $gpus $shape.gpuIds }}
 {{- $stubs = add $stubs (int $shape.pythonStubs) }}
+{{- $lanes = add $lanes (int $shape.laneDevices) }}
 {{- $kinds = append $kinds $shape.engineKind }}
 {{- $rateLimited = or $rateLimited $shape.prefersFirst }}
+{{- end }}
+{{- if $raw.priority.enabled }}{{/* each one-stage model's query lane: priority.query_instances on each device */}}
+{{- $stubs = add $stubs (mul (int $raw.priority.query_instances) $lanes) }}
 {{- end }}
 {{/* Deployment.triton_exit_timeout_s: the drain's bound again, plus unload_s_per_stub for each stub. */}}
 {{- $tritonExit := add (int $server.exit_timeout_s) (int (ceil (mulf $server.unload_s_per_stub $stubs))) }}
@@ -230,6 +238,12 @@ Checks across values that the schema cannot express.
 {{- end }}
 {{- if le (int $s.gracePeriodS) (add $s.exitTimeoutS $s.tritonExitTimeoutS) }}
 {{- fail (printf "terminationGracePeriodSeconds (%d) must exceed %d s: the launcher serves until quiet for up to server.exit_timeout_s (%d), then Triton has its exit timeout (%d: as long again, plus server.unload_s_per_stub for each of %d Python stubs); 0 sizes it so" (int $s.gracePeriodS) (add $s.exitTimeoutS $s.tritonExitTimeoutS) $s.exitTimeoutS $s.tritonExitTimeoutS (int $s.pythonStubs)) }}
+{{- end }}
+{{- if and .Values.tenants.existingSecret (not .Values.apiKey.secret) }}
+{{- fail "tenants.existingSecret needs apiKey.secret: the probes' inference sends that key (tenant \"default\")" }}
+{{- end }}
+{{- if and .Values.tenants.existingSecret (eq .Values.modelRepository.source "objectStore") }}
+{{- fail "tenants.existingSecret needs the launcher (modelRepository.source = pvc): its fronts check the tenants" }}
 {{- end }}
 {{- if .Values.apiFront.enabled }}
 {{- if eq .Values.modelRepository.source "objectStore" }}
@@ -382,6 +396,16 @@ and the helm test. Renders nothing without a Secret.
 The chart's tracing values as settings overrides (serving/tracing.py), for the launcher and the API front:
 nothing while tracing.endpoint is empty (the embedded settings' [tracing] then holds).
 */}}
+{{/*
+With tenants.existingSecret: the keys file the Secret mounts, as the settings' tenants.keys_file (serving/tenants.py).
+*/}}
+{{- define "bert-triton.tenantsArgs" -}}
+{{- if .Values.tenants.existingSecret }}
+- --set
+- tenants.keys_file="/var/run/secrets/bert-triton/tenants/{{ .Values.tenants.secretKey }}"
+{{- end }}
+{{- end }}
+
 {{- define "bert-triton.tracingArgs" -}}
 {{- with .Values.tracing }}
 {{- if .endpoint }}

@@ -1,0 +1,227 @@
+"""python -m bench.priority_bench: single-text queries beside saturating ingestion, with the query lane and with one
+queue for every request, in one call; then requests whose time budget cannot be met.
+
+    python -m bench.priority_bench --out DIR [--settings FILE] [--query-rate 50] [--ingestion-clients 16]
+        [--ingestion-texts 64] [--duration 20] [--deadline-requests 1000] [--budget-ms 5]
+
+For each mode (`lanes`: priority.enabled, queries to the model's query lane; `one_queue`: priority.enabled =
+false) it generates the repository from the export `make export` left (model_repository.generate), starts the
+real launcher on free ports and drives its API front (POST /v1/embeddings, texts of loadtest/corpus.txt):
+- queries alone: one text a request at --query-rate requests/s, an open loop (each sent on time, whatever the
+  answers before it);
+- ingestion alone: --ingestion-clients closed loops of --ingestion-texts texts a request;
+- both at once: the queries' latency and the ingestion's texts/s beside each other.
+Issue 35's bars: queries' p99 beside ingestion <= 2x their p99 alone, ingestion beside queries >= 0.9x alone.
+Then, in `lanes` with ingestion running: --deadline-requests requests of one text, sent as ingestion
+(X-Priority) with X-Request-Timeout: --budget-ms ms, 64 at a time: each must be answered 504 within 2x its budget
++ 5 ms, and none may be run: the rows Triton ran (nv_inference_count, canary off) equal the rows answered 200.
+Requests with room to spare (a 30 s budget) are served. Writes DIR/priority_bench.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+from bench.record import header, write
+from loadtest.corpus import load_text
+from loadtest.triton_stats import scrape_metrics
+from model_repository.generate import generate
+from protocol.api_key import api_key, headers
+from serving.api.priority import PRIORITY_HEADER, TIMEOUT_HEADER
+from serving.launcher.harness import Launcher
+from serving.launcher.triton_command import Ports
+from settings import load_settings
+
+MODES = {"lanes": ["priority.enabled=true"], "one_queue": ["priority.enabled=false"]}
+# The canary's own inferences would blur the count of rows Triton ran.
+QUIET = ["server.canary_interval_s=0"]
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))] if ordered else float("nan")
+
+
+class Driver:
+    """Requests to one API front's /v1/embeddings from one aiohttp session."""
+
+    def __init__(self, url: str, model: str, texts: list[str]) -> None:
+        self.url, self.model, self.texts = url, model, itertools.cycle(texts)
+        self.session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> Driver:
+        connector = aiohttp.TCPConnector(limit=0)
+        self.session = aiohttp.ClientSession(connector=connector, headers=headers(api_key()))
+        return self
+
+    async def __aexit__(self, *_) -> None:
+        await self.session.close()
+
+    async def post(self, texts: int, extra: dict | None = None) -> tuple[int, float]:
+        """(status, seconds) of one request of `texts` texts."""
+        body = {"model": self.model, "input": [next(self.texts) for _ in range(texts)], "encoding_format": "base64"}
+        started = time.perf_counter()
+        async with self.session.post(self.url, json=body, headers=extra) as response:
+            await response.read()
+            return response.status, time.perf_counter() - started
+
+    async def queries(self, rate: float, duration_s: float) -> dict:
+        """One text a request at `rate`/s for duration_s, each sent on time: p50/p99 of those answered 200."""
+        start, sent = time.perf_counter(), []
+        for index in range(int(rate * duration_s)):
+            await asyncio.sleep(max(0.0, start + index / rate - time.perf_counter()))
+            sent.append(asyncio.create_task(self.post(1)))
+        answers = await asyncio.gather(*sent)
+        latencies = [seconds * 1000 for status, seconds in answers if status == 200]
+        return {
+            "requests": len(answers),
+            "failed": len(answers) - len(latencies),
+            "p50_ms": round(percentile(latencies, 0.5), 2),
+            "p99_ms": round(percentile(latencies, 0.99), 2),
+        }
+
+    async def ingestion(self, clients: int, texts: int, stop: asyncio.Event) -> dict:
+        """clients closed loops of `texts` texts a request until `stop`: texts/s answered 200."""
+        served, failed = 0, 0
+
+        async def loop() -> None:
+            nonlocal served, failed
+            while not stop.is_set():
+                status, _ = await self.post(texts)
+                served, failed = served + (texts if status == 200 else 0), failed + (status != 200)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(loop() for _ in range(clients)))
+        return {"texts_per_s": round(served / (time.perf_counter() - started), 1), "failed": failed, "texts": served}
+
+    async def saturated(self, clients: int, texts: int, work, warm_s: float = 1.0) -> tuple[dict, object]:
+        """Ingestion running (after warm_s) while `work` is awaited: (ingestion's figures, work's result)."""
+        stop = asyncio.Event()
+        load = asyncio.create_task(self.ingestion(clients, texts, stop))
+        await asyncio.sleep(warm_s)
+        try:
+            result = await work
+        finally:
+            stop.set()
+        return await load, result
+
+
+async def contention(driver: Driver, args) -> dict:
+    """Queries alone, ingestion alone, and both, with the issue's two ratios."""
+    alone = await driver.queries(args.query_rate, args.duration)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().call_later(args.duration, stop.set)
+    ingestion_alone = await driver.ingestion(args.ingestion_clients, args.ingestion_texts, stop)
+    beside, queries = await driver.saturated(
+        args.ingestion_clients, args.ingestion_texts, driver.queries(args.query_rate, args.duration)
+    )
+    return {
+        "queries_alone": alone,
+        "ingestion_alone": ingestion_alone,
+        "queries_beside_ingestion": queries,
+        "ingestion_beside_queries": beside,
+        "query_p99_ratio": round(queries["p99_ms"] / alone["p99_ms"], 2),
+        "ingestion_ratio": round(beside["texts_per_s"] / max(ingestion_alone["texts_per_s"], 1e-9), 3),
+    }
+
+
+async def deadlines(driver: Driver, args, metrics_url: str, model: str) -> dict:
+    """Requests with a budget they cannot meet, then some with room to spare, beside ingestion; the rows Triton
+    ran against the rows answered 200."""
+    before = scrape_metrics(metrics_url).get(model, {}).get("nv_inference_count", 0.0)
+    tight = {PRIORITY_HEADER: "ingestion", TIMEOUT_HEADER: f"{args.budget_ms}ms"}
+    roomy = {PRIORITY_HEADER: "ingestion", TIMEOUT_HEADER: "30s"}
+
+    async def batches(extra: dict, count: int) -> list[tuple[int, float]]:
+        answers = []
+        for start in range(0, count, 64):
+            answers += await asyncio.gather(*(driver.post(1, extra) for _ in range(min(64, count - start))))
+        return answers
+
+    ingestion, (tight_answers, roomy_answers) = await driver.saturated(
+        args.ingestion_clients,
+        args.ingestion_texts,
+        asyncio.gather(batches(tight, args.deadline_requests), batches(roomy, 16)),
+    )
+    await asyncio.sleep(1.0)  # what Triton still held has run or been dropped
+    ran = scrape_metrics(metrics_url).get(model, {}).get("nv_inference_count", 0.0) - before
+    served = ingestion["texts"] + sum(status == 200 for status, _ in roomy_answers + tight_answers)
+    bound_ms = 2 * args.budget_ms + 5
+    late = [seconds * 1000 for status, seconds in tight_answers]
+    return {
+        "budget_ms": args.budget_ms,
+        "requests": len(tight_answers),
+        "answered_504": sum(status == 504 for status, _ in tight_answers),
+        "answered_200": sum(status == 200 for status, _ in tight_answers),
+        "p50_ms": round(percentile(late, 0.5), 2),
+        "max_ms": round(max(late), 2),
+        "within_bound": sum(ms <= bound_ms for ms in late),
+        "bound_ms": bound_ms,
+        "roomy_served": sum(status == 200 for status, _ in roomy_answers),
+        "roomy_requests": len(roomy_answers),
+        "rows_run_by_triton": int(ran),
+        "rows_answered_200": served,
+        "rows_run_unanswered": int(ran) - served,
+    }
+
+
+async def drive_mode(ports: Ports, model: str, texts: list[str], args, with_deadlines: bool) -> dict:
+    url = f"http://127.0.0.1:{ports.api}/v1/embeddings"
+    async with Driver(url, model, texts) as driver:
+        figures = await contention(driver, args)
+        if with_deadlines:
+            metrics = f"http://127.0.0.1:{ports.metrics}/metrics"
+            figures["deadlines"] = await deadlines(driver, args, metrics, "ensemble")
+        return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.priority_bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--settings", type=Path, help="default: settings/defaults.toml")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="a settings override")
+    parser.add_argument("--query-rate", type=float, default=50.0)
+    parser.add_argument("--ingestion-clients", type=int, default=16)
+    parser.add_argument("--ingestion-texts", type=int, default=64)
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds of each phase")
+    parser.add_argument("--deadline-requests", type=int, default=1000)
+    parser.add_argument("--budget-ms", type=float, default=5.0)
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    texts = load_text()
+    record = {**header("priority_bench", argv), "modes": {}}
+    for mode, overrides in MODES.items():
+        settings = load_settings(args.settings, [*args.set, *overrides, *QUIET])
+        work = Path(tempfile.mkdtemp(prefix=f"priority-{mode}-"))
+        repository = generate(settings, settings.export_dir, work / "repository")
+        ports = Ports.free()
+        launcher = Launcher(
+            args.settings or settings.path, repository, ports, work / "launcher.log", [*args.set, *overrides, *QUIET]
+        )
+        with_deadlines = mode == "lanes" and args.deadline_requests > 0
+        try:
+            launcher.start()
+            figures = asyncio.run(drive_mode(ports, settings.model.name, texts, args, with_deadlines))
+        finally:
+            launcher.terminate()
+            launcher.process.wait(timeout=120)
+        record["modes"][mode] = figures
+        print(mode, figures, flush=True)
+    lanes = record["modes"]["lanes"]
+    record["bars"] = {
+        "query_p99_beside_ingestion_le_2x_alone": lanes["query_p99_ratio"] <= 2.0,
+        "ingestion_ge_0.9x_alone": lanes["ingestion_ratio"] >= 0.9,
+    }
+    write(args.out, record)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

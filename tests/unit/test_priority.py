@@ -1,0 +1,162 @@
+"""Priority classes and time budgets in the API front (serving/api/priority.py), the query lane in the generated
+repository (model_repository/configs.py) and the Coalescer's deadlines, without a server."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+import pytest
+
+from model_repository.configs import python_models
+from serving.api.coalescer import Coalescer
+from serving.api.priority import budget_s, priority_class, settle
+from serving.api.request_context import RequestContext
+from serving.api.schema import ApiError
+from serving.api.triton_link import TimedOut
+from settings import Deployment, load_settings
+from settings.deployment import python_stubs
+from settings.schema import SettingsError
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [(None, None), ("query", "query"), ("Ingestion", "ingestion"), ("1", "query"), ("2", "ingestion")],
+)
+def test_x_priority_names_a_class(header, expected):
+    assert priority_class(header) == expected
+
+
+@pytest.mark.parametrize("header", ["urgent", "0", "3", ""])
+def test_an_unknown_x_priority_is_refused_naming_the_header(header):
+    with pytest.raises(ApiError, match="X-Priority") as refused:
+        priority_class(header)
+    assert refused.value.status == 400
+
+
+@pytest.mark.parametrize(("header", "seconds"), [(None, None), ("0.25", 0.25), ("250ms", 0.25), ("2s", 2.0)])
+def test_x_request_timeout_reads_seconds_or_a_unit(header, seconds):
+    assert budget_s(header) == seconds
+
+
+@pytest.mark.parametrize("header", ["0", "-1", "soon", "5 minutes", "inf", "1e999"])
+def test_a_bad_x_request_timeout_is_refused_naming_the_header(header):
+    with pytest.raises(ApiError, match="X-Request-Timeout") as refused:
+        budget_s(header)
+    assert refused.value.status == 400
+
+
+def priority(**changes):
+    return dataclasses.replace(load_settings().priority, **changes)
+
+
+def test_the_class_follows_the_shape_unless_the_caller_names_one():
+    settings = priority(query_max_texts=4)
+    assert settle(RequestContext("a"), settings, 4, 60) == "query"
+    assert settle(RequestContext("b"), settings, 5, 60) == "ingestion"
+    assert settle(RequestContext("c", asked_class="query"), settings, 64, 60) == "query"
+    assert settle(RequestContext("d", asked_class="ingestion"), settings, 1, 60) == "ingestion"
+
+
+def test_a_tenant_capped_at_ingestion_never_sends_a_query():
+    capped = RequestContext("a", max_class="ingestion", asked_class="query")
+    assert settle(capped, priority(), 1, 60) == "ingestion"
+
+
+def test_the_budget_is_the_callers_else_the_classes_else_the_api_timeout():
+    settings = priority(query_timeout_ms=50, ingestion_timeout_ms=0)
+    given = RequestContext("a", budget_s=0.2)
+    settle(given, settings, 1, 60)
+    assert given.deadline == pytest.approx(given.started + 0.2)
+    query = RequestContext("b")
+    settle(query, settings, 1, 60)
+    assert query.deadline == pytest.approx(query.started + 0.05)
+    ingestion = RequestContext("c")
+    settle(ingestion, settings, 100, 60)
+    assert ingestion.deadline == pytest.approx(ingestion.started + 60)
+
+
+def test_a_request_keeps_the_class_and_deadline_of_its_first_call():
+    context = RequestContext("a")
+    settle(context, priority(), 1, 60)
+    deadline = context.deadline
+    assert settle(context, priority(), 500, 60) == "query"
+    assert context.deadline == deadline
+
+
+def test_a_one_stage_model_gets_a_query_lane_of_its_own_instances():
+    settings = load_settings(None, ["priority.query_instances=2", "encoder.instances=3"])
+    deployment = Deployment.of(settings)
+    names = deployment.names(settings)
+    assert names.query_lane == "ensemble-query"
+    assert python_models(settings, names) == ["ensemble", "ensemble-query"]
+    assert python_stubs(settings) == 5
+    off = load_settings(None, ["priority.enabled=false"])
+    assert Deployment.of(off).names(off).query_lane == ""
+    assert python_stubs(off) == off.encoder.instances
+
+
+def test_query_instances_below_one_are_refused():
+    with pytest.raises(SettingsError, match="query_instances"):
+        load_settings(None, ["priority.query_instances=0"])
+
+
+class SlowLink:
+    """A TritonLink stand-in that answers each call after `seconds`, counting the rows it was sent."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.rows, self.timeouts = seconds, 0, []
+
+    async def infer(self, model, inputs, outputs, *args, timeout_s=None, **kwargs):
+        self.rows += len(inputs["TEXT"])
+        self.timeouts.append(timeout_s)
+        await asyncio.sleep(self.seconds)
+        return {"embedding": [[0.0]] * len(inputs["TEXT"])}
+
+
+def test_a_request_whose_budget_runs_out_in_the_queue_is_never_sent():
+    async def run():
+        link = SlowLink(0.2)
+        coalescer = Coalescer(link, "m", ["embedding"], 256, 1 << 20, 1, 0.0)
+        first = asyncio.create_task(coalescer.infer({"TEXT": [b"a"]}))
+        await asyncio.sleep(0.01)
+        started = time.perf_counter()
+        with pytest.raises(TimedOut):
+            await coalescer.infer({"TEXT": [b"b"]}, deadline=started + 0.05)
+        waited = time.perf_counter() - started
+        await first
+        await asyncio.sleep(0.01)
+        return link, waited
+
+    link, waited = asyncio.run(run())
+    assert waited < 0.15  # at its deadline, not when the call ahead of it ended
+    assert link.rows == 1  # the first request's row only
+
+
+def test_a_spent_budget_is_refused_before_any_call_and_a_call_carries_the_remaining_budget():
+    async def run():
+        link = SlowLink(0.0)
+        coalescer = Coalescer(link, "m", ["embedding"], 256, 1 << 20, 4, 0.0)
+        with pytest.raises(TimedOut):
+            await coalescer.infer({"TEXT": [b"a"]}, deadline=time.perf_counter() - 0.001)
+        await coalescer.infer({"TEXT": [b"b"]}, deadline=time.perf_counter() + 2.0)
+        return link
+
+    link = asyncio.run(run())
+    assert link.rows == 1
+    assert 1.5 < link.timeouts[0] <= 2.0
+
+
+def test_the_front_counts_each_class_by_outcome_and_its_queued_time(tmp_path):
+    from serving.api.call_stats import CallStats
+
+    one, other = (CallStats(9, ["ensemble", "ensemble-query"], tmp_path) for _ in range(2))  # one file: one pid
+    one.count_class("query", "served", 0.25)
+    other.count_class("query", "served", 0.5)
+    other.count_class("ingestion", "timed_out")
+    text = one.prometheus()
+    assert 'bert_api_requests_total{class="query",outcome="served"} 2' in text
+    assert 'bert_api_requests_total{class="ingestion",outcome="timed_out"} 1' in text
+    assert 'bert_api_queue_seconds_total{class="query"} 0.750000' in text
+    assert 'bert_api_call_texts_count{model="ensemble-query"} 0' in text
