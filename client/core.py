@@ -266,12 +266,13 @@ class TextClient(_Base):
                 time.sleep(self._failed(exc, started, deadline, next(delays, None)))
 
     def _describe(self) -> None:
-        if self._outputs is None:
-            self._outputs = output_names(self._call(lambda _: self._client.get_model_metadata(self.model)))
+        if self._outputs is None:  # set last: a concurrent call that sees it sees the whole description
+            outputs = output_names(self._call(lambda _: self._client.get_model_metadata(self.model)))
             config = self._call(lambda _: self._client.get_model_config(self.model, **self._json))
             self._max_batch = batch_limit(config)
             if self.priority != "ingestion":
                 self._lane = self._ready_lane(lambda lane: self._call(lambda _: self._client.is_model_ready(lane)))
+            self._outputs = outputs
 
     def output_names(self) -> list[str]:
         self._describe()
@@ -352,8 +353,8 @@ class AsyncTextClient(_Base):
                 await asyncio.sleep(self._failed(exc, started, deadline, next(delays, None)))
 
     async def _describe(self) -> None:
-        if self._outputs is None:
-            self._outputs = output_names(await self._call(lambda _: self._client.get_model_metadata(self.model)))
+        if self._outputs is None:  # set last: a concurrent call that sees it sees the whole description
+            outputs = output_names(await self._call(lambda _: self._client.get_model_metadata(self.model)))
             config = await self._call(lambda _: self._client.get_model_config(self.model, **self._json))
             self._max_batch = batch_limit(config)
             if self.priority != "ingestion":
@@ -362,6 +363,7 @@ class AsyncTextClient(_Base):
                     self._lane = lane if await self._call(lambda _: self._client.is_model_ready(lane)) else ""
                 except ClientError:  # a server without lanes: no such model
                     self._lane = ""
+            self._outputs = outputs
 
     async def output_names(self) -> list[str]:
         await self._describe()

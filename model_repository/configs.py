@@ -226,12 +226,15 @@ def one_stage_config(settings: Settings, spec: ServingSpec, names: ServedNames) 
     the most texts one request may carry and the most one execute() runs. A one-step Triton ensemble in front
     would keep the two limits apart, but it cost 30 us of tritonserver CPU per request and 3-5 % throughput
     on the H200 (docs/data-path.md, one stage or two)."""
+    # Beside a query lane the model's own stubs lower their CPU priority (priority.ingestion_nice).
+    nice = {"nice": settings.priority.ingestion_nice} if names.query_lane and settings.priority.ingestion_nice else {}
+    parameters = {**_text_limits(settings, spec), **_engine_parameters(settings), **_sparse(settings), **nice}
     config = _python_stage(
         names.model,
         settings.encoder,
         input=_text_inputs(spec),
         output=[*_task_outputs(spec), *_late_chunk_outputs(spec)],
-        parameters=_parameters({**_text_limits(settings, spec), **_engine_parameters(settings), **_sparse(settings)}),
+        parameters=_parameters(parameters),
         model_warmup=_text_warmup(spec, settings.ensemble.max_batch_size),
     )
     config.max_batch_size = settings.ensemble.max_batch_size
@@ -245,6 +248,7 @@ def query_lane_config(settings: Settings, spec: ServingSpec, names: ServedNames)
     request does not fit the batch (docs/reliability.md, Priority)."""
     config = one_stage_config(settings, spec, names)
     config.name = names.query_lane
+    config.parameters.pop("nice", None)
     gpus = list(settings.encoder.gpus)
     kind = mc.ModelInstanceGroup.KIND_GPU if gpus else mc.ModelInstanceGroup.KIND_CPU
     del config.instance_group[:]

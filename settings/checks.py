@@ -117,6 +117,8 @@ def _check_priority(settings: Settings) -> None:
         raise SettingsError("priority.query_max_texts must be an integer >= 0 (0: only requests naming it are queries)")
     if type(priority.query_instances) is not int or priority.query_instances < 1:
         raise SettingsError("priority.query_instances must be an integer >= 1")
+    if type(priority.ingestion_nice) is not int or not 0 <= priority.ingestion_nice <= 19:
+        raise SettingsError("priority.ingestion_nice must be an integer in 0..19 (0: off)")
     if min(priority.query_timeout_ms, priority.ingestion_timeout_ms) < 0:
         raise SettingsError("priority needs query_timeout_ms and ingestion_timeout_ms >= 0 (0: api.timeout_s)")
 

@@ -168,6 +168,7 @@ class PrioritySettings:
 
     enabled: bool
     query_instances: int
+    ingestion_nice: int
     query_max_texts: int
     query_timeout_ms: float
     ingestion_timeout_ms: float

@@ -18,6 +18,7 @@ bert_encoder_sequences_per_execute, bert_encoder_{real,padded}_tokens_total.
 from __future__ import annotations
 
 import gc
+import os
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -39,6 +40,8 @@ class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         exit_with_parent()  # a killed tritonserver leaves no stub behind (parent_watch.py)
         config, params, version_dir = model_config(args)
+        if int(params.get("nice", 0)):  # beside a query lane: the lane's threads get the cores first (configs.py)
+            os.nice(int(params["nice"]))  # this thread's, and the engine's threads created after it inherit it
         self.text = TextInput(version_dir, params, instance_count(config), pb_utils.Logger.log_info)
         self.engine = engine_from_args(args, params, pb_utils.Logger.log_info)
         spec = self.engine.spec

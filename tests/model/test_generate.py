@@ -117,7 +117,11 @@ def check_one_stage(root: Path, settings, ensemble: mc.ModelConfig) -> None:
 def check_query_lane(root: Path, settings, model: mc.ModelConfig) -> None:
     """The lane is the one-stage model under <name>-query with priority.query_instances in one group."""
     lane = parse(root / "ensemble-query" / "config.pbtxt")
-    assert (lane.input, lane.output, lane.parameters) == (model.input, model.output, model.parameters)
+    nice = settings.priority.ingestion_nice
+    assert int(model.parameters["nice"].string_value) == nice if nice else "nice" not in model.parameters
+    assert "nice" not in lane.parameters, "the lane's stubs keep their priority"
+    assert dict(lane.parameters) == {key: value for key, value in model.parameters.items() if key != "nice"}
+    assert (lane.input, lane.output) == (model.input, model.output)
     assert lane.max_batch_size == model.max_batch_size and lane.backend == "python"
     assert [group.count for group in lane.instance_group] == [settings.priority.query_instances]
     check_python_model(root, "ensemble-query", "pipeline_model")

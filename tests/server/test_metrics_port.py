@@ -45,7 +45,7 @@ def scrape_proxy(proxy: MetricsProxy) -> str:
 def test_proxy_serves_tritons_metrics_with_nvmls_gpu_families(server, proxy_to):
     proxy = proxy_to(Readings(H200_READING, SECOND_READING))
     before = samples(scrape_proxy(proxy), "nv_inference_count", model="ensemble")
-    with TextClient(server.grpc_url, "grpc") as client:
+    with TextClient(server.grpc_url, "grpc", priority="ingestion") as client:  # the model, not its lane
         client.embed(["one request through the proxy", "two texts"])
     text = scrape_proxy(proxy)
     assert samples(text, "nv_inference_count", model="ensemble") == before + 2

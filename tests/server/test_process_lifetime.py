@@ -34,7 +34,8 @@ def test_a_killed_tritonservers_stubs_end_and_free_their_shared_memory(settings,
     server.start()
     try:
         found = stubs(server.process.pid)
-        assert {stub.model for stub in found} == ({"ensemble"} if topology == "one_stage" else {"tokenizer", "encoder"})
+        one_stage = {"ensemble", "ensemble-query"}  # the model and its query lane
+        assert {stub.model for stub in found} == (one_stage if topology == "one_stage" else {"tokenizer", "encoder"})
         assert all((Path("/dev/shm") / stub.region).exists() for stub in found)
         # Not reaped until the end: a dead parent nobody reaps (init in many containers does not) is a zombie,
         # which the stub's own liveness check (kill(parent, 0)) still takes for alive.

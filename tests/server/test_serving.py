@@ -48,7 +48,7 @@ def test_concurrent_requests_are_batched(topology_server, sentences):
 
     before = counts()
     texts = (sentences * 4)[:96]
-    with TextClient(server.grpc_url, "grpc") as client, ThreadPoolExecutor(32) as pool:
+    with TextClient(server.grpc_url, "grpc", priority="ingestion") as client, ThreadPoolExecutor(32) as pool:
         results = list(pool.map(lambda text: client.embed([text]), texts))
     assert all(r.shape == (1, 384) for r in results)
     deadline = time.monotonic() + 5  # Triton counts an execution after its responses went out

@@ -28,7 +28,7 @@ def test_stage_metrics_on_the_metrics_port(topology_server, exported, settings):
     tokens = sum(len(tokenizer.encode(text).ids) for text in texts)
     time.sleep(2 * FLUSH_INTERVAL_S)  # what earlier requests (the warm-up, other tests) counted is sent by now
     before = scrape(server.host, server.ports.metrics)
-    with TextClient(server.grpc_url, "grpc") as client:
+    with TextClient(server.grpc_url, "grpc", priority="ingestion") as client:  # the model, not its lane
         client.embed(texts)  # one request, three texts
 
     def delta(name, **labels):

@@ -27,7 +27,11 @@ def requests_by_instance(server) -> dict[str, float]:
     time.sleep(3 * FLUSH_INTERVAL_S)
     text = scrape(server.host, server.ports.metrics)
     found = re.findall(r"^bert_tokenizer_requests_total{([^}]*)} (\S+)$", text, flags=re.M)
-    return {re.search(r'model_instance="([^"]+)"', labels).group(1): float(value) for labels, value in found}
+    return {
+        re.search(r'model_instance="([^"]+)"', labels).group(1): float(value)
+        for labels, value in found
+        if 'model="ensemble"' in labels  # not its query lane's instance
+    }
 
 
 def served_by_instance(settings, exported, work, warm_first: bool) -> list[float]:
@@ -38,7 +42,7 @@ def served_by_instance(settings, exported, work, warm_first: bool) -> list[float
     server = local_server(two, generate(two, exported, work / "repository"), work).start()
     try:
         before = requests_by_instance(server)
-        with TextClient(server.grpc_url, "grpc") as client:
+        with TextClient(server.grpc_url, "grpc", priority="ingestion") as client:  # the model, not its lane
             for index in range(LONE_REQUESTS):
                 client.embed([f"Lone request number {index} arrives while both instances are free."])
                 time.sleep(PAUSE_S)
