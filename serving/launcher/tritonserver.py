@@ -210,7 +210,12 @@ class TritonServer:
             return ["tritonserver is not running"]
         if not self.started:
             return ["tritonserver is starting"]
-        problems = [] if self._http_ok("/v2/health/ready") else ["tritonserver is not ready"]
+        if self._http_ok("/v2/health/ready"):
+            problems = []
+        else:  # a process being killed stops answering before it is gone: say which, once it is
+            problems = [
+                "tritonserver is not running" if self.process.poll() is not None else "tritonserver is not ready"
+            ]
         return problems + (self.watchdog.problems() if self.watchdog else [])
 
     def stub_restarts_by_model(self) -> Counter:
