@@ -1,7 +1,8 @@
 """Tenants on every port (serving/tenants.py), on the real launcher with a keys file and two API workers: a
 wrong key is 401 on the API and HTTP fronts and UNAUTHENTICATED on gRPC; a tenant over its rate gets 429 (or
 RESOURCE_EXHAUSTED) with a Retry-After while another tenant is untouched; the rate holds across workers within
-10 %; a tenant capped at ingestion may not call a query lane; a changed keys file takes effect without a restart."""
+10 %; a tenant capped at ingestion may not call a query lane; a stream passes the gRPC front for a tenant and
+ends for a wrong key; a changed keys file takes effect without a restart."""
 
 from __future__ import annotations
 
@@ -151,6 +152,37 @@ def test_a_tenant_capped_at_ingestion_may_not_call_a_query_lane(served):
     denied = grpc_call(ports, bearer("ingest-1"), model_infer_request("ensemble-query", ["hello"]))
     assert denied.code() == grpc.StatusCode.PERMISSION_DENIED
     assert grpc_call(ports, bearer("ingest-1")) is None
+
+
+def stream(ports: Ports, key: str, model: str = "ensemble") -> tuple[int, list[str]]:
+    """Two texts over one ModelStreamInfer stream through the gRPC front: (answers, errors)."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    answers, errors = [], []
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+    text = grpcclient.InferInput("text", [1, 1], "BYTES")
+    text.set_data_from_numpy(np.array([[b"streamed"]], dtype=object))
+    client.start_stream(
+        lambda result, error: errors.append(str(error)) if error else answers.append(result),
+        headers=bearer(key),
+    )
+    for _ in range(2):
+        client.async_stream_infer(model, [text])
+    deadline = time.monotonic() + 30
+    while len(answers) + len(errors) < 2 and not (errors and not answers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    seen = len(answers), list(errors)  # before the stream is closed, which may add a CANCELLED of its own
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    return seen
+
+
+def test_the_grpc_front_passes_a_stream_for_a_tenant_and_ends_it_for_a_wrong_key(served):
+    ports = served[0].ports
+    assert stream(ports, "free-1") == (2, [])
+    answered, errors = stream(ports, "wrong")
+    assert answered == 0 and errors and "UNAUTHENTICATED" in errors[0], errors
 
 
 def test_a_changed_keys_file_takes_effect_without_a_restart(served):
