@@ -158,6 +158,7 @@ def stream(ports: Ports, key: str, model: str = "ensemble") -> tuple[int, list[s
     """Two texts over one ModelStreamInfer stream through the gRPC front: (answers, errors)."""
     import numpy as np
     import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
 
     answers, errors = [], []
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
@@ -168,7 +169,10 @@ def stream(ports: Ports, key: str, model: str = "ensemble") -> tuple[int, list[s
         headers=bearer(key),
     )
     for _ in range(2):
-        client.async_stream_infer(model, [text])
+        try:
+            client.async_stream_infer(model, [text])
+        except InferenceServerException:  # the stream already ended: its reason comes through the callback
+            break
     deadline = time.monotonic() + 30
     while len(answers) + len(errors) < 2 and not (errors and not answers) and time.monotonic() < deadline:
         time.sleep(0.05)
