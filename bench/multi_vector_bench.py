@@ -38,12 +38,20 @@ import numpy as np
 import torch
 
 from bench.record import write
-from bench.reference_run import PeakGrowth, add_run_arguments, batch_sizes, measure, run_record, split
+from bench.reference_run import (
+    PeakGrowth,
+    add_run_arguments,
+    batch_sizes,
+    load_runner,
+    measure,
+    run_record,
+    runner_names,
+    split,
+)
 from common.contract import PROJECTION_FILE, TOKEN_COUNTS, TOKEN_VECTORS
 from common.multi_vector import MultiVectorSpec
 from export.__main__ import export
 from loadtest.corpus import load_text
-from model_repository.stages.engines import load_engine
 from model_repository.stages.engines.models import presets
 from model_repository.stages.multi_vector_output import MultiVectorSides, answer
 from settings import ROOT, load_settings
@@ -140,14 +148,11 @@ def main(argv: list[str] | None = None) -> int:
                 "kept_tokens": int(kept.sum()),
                 "batches": {str(size): {} for size in sizes},
             }
-        runners = ["sentence_transformers", "torch", *(["onnxruntime_cpu"] if args.device == "cpu" else [])]
         reference = {}
-        for name in runners:
-            if name == "sentence_transformers":
-                model = reference_encoder(folder, sides.spec, max_tokens, args.device)
-            else:  # the options the stage passes (model_repository/configs.py)
-                options = {"precision": precision, "threads": args.threads, **settings.engine.options}
-                model = load_engine(name, folder, args.device, options)
+        options = {"precision": precision, "threads": args.threads, **settings.engine.options}
+        for name in runner_names(args.device):
+            build = partial(reference_encoder, folder, sides.spec, max_tokens, args.device)
+            model = load_runner(name, build, folder, args.device, options)
             memory.loaded()
             for side in sides_run:
                 for size in sizes:

@@ -9,11 +9,13 @@ import ctypes
 import os
 import time
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from bench.record import header
+from model_repository.stages.engines import load_engine
 
 CLEAR_REFS = Path("/proc/self/clear_refs")
 MEMORY = {
@@ -65,6 +67,20 @@ class PeakGrowth:
         if self.method == "cuda":
             return torch.cuda.max_memory_allocated() - self.base
         return tracemalloc.get_traced_memory()[1]
+
+
+REFERENCE = "sentence_transformers"
+
+
+def runner_names(device: str) -> list[str]:
+    """The reference library first, then the engines the stage runs on `device` (onnxruntime_cpu on the CPU)."""
+    return [REFERENCE, "torch", *(["onnxruntime_cpu"] if device == "cpu" else [])]
+
+
+def load_runner(name: str, reference: Callable[[], object], folder: Path, device: str, options: dict):
+    """The reference (`reference()` builds it) or the engine `name` loaded with the options the stage passes
+    (model_repository/configs.py: precision, threads and the settings' [engine] options)."""
+    return reference() if name == REFERENCE else load_engine(name, folder, device, options)
 
 
 def split(items: list, size: int) -> list[list]:

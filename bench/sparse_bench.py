@@ -30,13 +30,21 @@ import numpy as np
 import torch
 
 from bench.record import write
-from bench.reference_run import PeakGrowth, add_run_arguments, batch_sizes, measure, run_record, split
+from bench.reference_run import (
+    PeakGrowth,
+    add_run_arguments,
+    batch_sizes,
+    load_runner,
+    measure,
+    run_record,
+    runner_names,
+    split,
+)
 from common.contract import ServingSpec
 from common.hf_tokenizer import load_tokenizer
 from export.__main__ import export
 from export.sparse_export import SPARSE_FAMILIES
 from loadtest.corpus import load_text
-from model_repository.stages.engines import load_engine
 from model_repository.stages.engines.models import presets
 from settings import ROOT, load_settings
 
@@ -94,14 +102,11 @@ def main(argv: list[str] | None = None) -> int:
             "tokenizer_texts_per_s": len(texts) / (time.perf_counter() - started),
             "batches": {str(size): {"full_logits_bytes": 4 * spec.output_size * most[size]} for size in sizes},
         }
-        runners = ["sentence_transformers", "torch", *(["onnxruntime_cpu"] if args.device == "cpu" else [])]
         reference = {}
-        for name in runners:
-            if name == "sentence_transformers":
-                model = sparse_encoder(folder, spec.activation, max_tokens, args.device)
-            else:  # the options the stage passes (model_repository/configs.py)
-                options = {"precision": precision, "threads": args.threads, **settings.engine.options}
-                model = load_engine(name, folder, args.device, options)
+        options = {"precision": precision, "threads": args.threads, **settings.engine.options}
+        for name in runner_names(args.device):
+            build = partial(sparse_encoder, folder, spec.activation, max_tokens, args.device)
+            model = load_runner(name, build, folder, args.device, options)
             memory.loaded()
             for size in sizes:
                 if name == "sentence_transformers":
