@@ -45,6 +45,10 @@ class ServedNames:
     postprocess: str
     query_lane: str = ""
 
+    def lane_in(self, repository: Path) -> str:
+        """The query lane if `repository` holds it (generated with priorities on), else ""."""
+        return self.query_lane if self.query_lane and (repository / self.query_lane).is_dir() else ""
+
 
 @dataclasses.dataclass(frozen=True)
 class Deployment:

@@ -99,7 +99,7 @@ def served_model(deployment: Deployment, settings: Settings, repository: Path) -
     prompts = json.loads(prompts_file.read_text()).get("prompts", {}) if prompts_file.is_file() else {}
     limits = Limits(deployment.api.max_inputs, settings.tokenizer.max_text_bytes, spec.output_size)
     calibration = Calibration.load(folder)
-    lane = names.query_lane if names.query_lane and (repository / names.query_lane).is_dir() else ""
+    lane = names.lane_in(repository)
     return ServedModel(
         settings.model.name, names.model, settings, spec, tokenizer, whole, limits, prompts, calibration, lane
     )

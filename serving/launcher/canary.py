@@ -86,8 +86,7 @@ def served_probes(deployment: Deployment, repository: Path) -> list[Probe]:
     probes = []
     for settings in deployment.models:
         names = deployment.names(settings)
-        lane = names.query_lane and (repository / names.query_lane).is_dir()
-        model = names.query_lane if lane else names.model
+        model = names.lane_in(repository) or names.model
         config = text_format.Parse((repository / model / "config.pbtxt").read_text(), mc.ModelConfig())
         probes.append(probe_for(config))
     return probes
