@@ -6,8 +6,8 @@
 # allowed for unloading). Run from the repo root with .kit carried; EXPORT=0 when the model is exported already. Results land in
 # $OUT.
 OUT=${OUT:-/tmp/h200_stop}
-# shellcheck source=bench/device_preamble.sh
-source bench/device_preamble.sh
+# shellcheck source=bench/device/device_preamble.sh
+source bench/device/device_preamble.sh
 SETTINGS=${SETTINGS:-settings/variants/bert-base-h200.toml}
 STOP_INSTANCES=${STOP_INSTANCES:-8 16}
 if [ "${EXPORT:-1}" = 1 ]; then

@@ -8,8 +8,8 @@
 # $OUT (the device tool brings back at most 8 files: the JSON results, the py-spy profile and two logs).
 OUT=${OUT:-/tmp/h200_out}
 EXPORT_LOG=/tmp/export.log  # not in $OUT: the device tool brings back few files
-# shellcheck source=bench/device_preamble.sh
-source bench/device_preamble.sh
+# shellcheck source=bench/device/device_preamble.sh
+source bench/device/device_preamble.sh
 SETTINGS=${SETTINGS:-settings/variants/bert-base-h200.toml settings/variants/bert-base-h200-two-stage.toml}
 SHAPES=${SHAPES:-1x1,1x8,1x32,1x64,8x64,1x128,1x200,1x256}
 VARIANTS=${VARIANTS:-}  # variants separated by "|", the overrides of one by ";"

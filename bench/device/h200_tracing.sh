@@ -10,10 +10,10 @@
 # (tracing_cost.json and .txt, its log and the launchers'). A check on a CPU with a kit built for the local
 # Python (KIT_PY=3.11 KIT_DIR=/tmp/kit311 bash bench/make_kit.sh):
 #   IMAGE_PYTHON=$PWD/.venv/bin/python KIT_SRC=/tmp/kit311 KIT_ROOT=/tmp/kit311-root SETTINGS=settings/defaults.toml \
-#     EXPORT=0 DURATION=2 PROCESSES=1 OUT=/tmp/tracing-check bash bench/h200_tracing.sh
+#     EXPORT=0 DURATION=2 PROCESSES=1 OUT=/tmp/tracing-check bash bench/device/h200_tracing.sh
 OUT=${OUT:-/tmp/h200_tracing}
-# shellcheck source=bench/device_preamble.sh
-source bench/device_preamble.sh
+# shellcheck source=bench/device/device_preamble.sh
+source bench/device/device_preamble.sh
 SETTINGS=${SETTINGS:-settings/variants/bert-base-h200.toml}
 if [ "${EXPORT:-1}" = 1 ]; then
   export_model "$SETTINGS"

@@ -9,8 +9,8 @@
 #   3. SIGTERM to the launcher: its exit code and how long the drain and Triton's exit took.
 # Run from the repo root with .kit present (bench/make_kit.sh); everything lands in $OUT.
 OUT=${OUT:-/tmp/h200_quickstart}
-# shellcheck source=bench/device_preamble.sh
-source bench/device_preamble.sh
+# shellcheck source=bench/device/device_preamble.sh
+source bench/device/device_preamble.sh
 SETTINGS=settings/variants/minilm-gpu.toml
 MINILM_DIR=${MINILM_DIR:?the all-MiniLM-L6-v2 checkpoint folder (config.json, model.safetensors, tokenizer.json)}
 SHAPES=${SHAPES:-1x1,1x64,1x256,8x64}

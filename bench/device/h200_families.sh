@@ -9,8 +9,8 @@
 #                the other on the real tritonserver, perf_analyzer at SHAPES (python -m bench.e2e_bench), BERT-base
 #                first; then the engine alone at batch 64 on each export, the figure beside the served one.
 OUT=${OUT:-/tmp/h200_families}
-# shellcheck source=bench/device_preamble.sh
-source bench/device_preamble.sh
+# shellcheck source=bench/device/device_preamble.sh
+source bench/device/device_preamble.sh
 PART=${PART:-engine}
 FAMILIES=${FAMILIES:-bert-base roberta xlm-roberta distilbert mpnet modernbert}
 SHAPES=${SHAPES:-1x256}

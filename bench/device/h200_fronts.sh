@@ -2,13 +2,13 @@
 # One device call on the H200: the API front of this tree against the one of BEFORE (a tarball of another
 # revision, `git archive REV | gzip > .kit/before.tar.gz`), each measured by python -m bench.api_cost on its
 # own launcher, one after the other (direct gRPC in each run is the yardstick of the machine state), with the
-# engine's own figure from the same call; HTTP_SERVERS=1 adds python -m bench.http_servers (the HTTP servers
-# alone, no Triton). ROUTES, CONCURRENCY, ROUNDS, DURATION_S, PROCESSES, API_COST_ARGS pass on to bench.api_cost.
+# engine's own figure from the same call. ROUTES, CONCURRENCY, ROUNDS, DURATION_S, PROCESSES, API_COST_ARGS pass
+# on to bench.api_cost. (HTTP_SERVERS=1, which added a concluded probe, is gone: docs/probes.md.)
 # Run from the repo root with .kit carried; EXPORT=0 when the model is exported already. Results land in $OUT:
-# after/ (this tree), before/ (BEFORE's), http_servers.json.
+# after/ (this tree), before/ (BEFORE's).
 OUT=${OUT:-/tmp/h200_fronts}
-# shellcheck source=bench/device_preamble.sh
-source bench/device_preamble.sh
+# shellcheck source=bench/device/device_preamble.sh
+source bench/device/device_preamble.sh
 SETTINGS=${SETTINGS:-settings/variants/bert-base-h200.toml}
 if [ "${EXPORT:-1}" = 1 ]; then
   export_model "$SETTINGS"
@@ -33,8 +33,4 @@ if [ -n "${BEFORE:-}" ]; then
   ln -s "$PWD/build" /tmp/before/build  # the same export; each tree generates its own repository into it
   echo "before ($BEFORE):"
   api_cost /tmp/before "$OUT/before"
-fi
-if [ "${HTTP_SERVERS:-0}" = 1 ]; then
-  python3 -m bench.http_servers --concurrency 64 256 --rounds "${ROUNDS:-1}" --duration-s 5 --out "$OUT" 2>&1 \
-    | grep -v '^ ' | tail -8
 fi

@@ -5,8 +5,8 @@
 # exit timeout, so that its log says how long the drain and tritonserver's unload take). Run from the repo
 # root with .kit carried; results land in $OUT.
 OUT=${OUT:-/tmp/h200_several_models}
-# shellcheck source=bench/device_preamble.sh
-source bench/device_preamble.sh
+# shellcheck source=bench/device/device_preamble.sh
+source bench/device/device_preamble.sh
 EMBEDDER=settings/variants/bert-base-h200.toml
 RERANKER=settings/variants/reranker-bert-base-h200.toml
 SHAPES=${SHAPES:---shape 1x256 --shape 32x16}
@@ -25,4 +25,4 @@ python3 -m bench.several_models --settings "$EMBEDDER" "$RERANKER" $SHAPES --per
   --out "$OUT" 2>&1 | tee "$OUT/several_models.log"
 
 # The stop after a load, with a generous exit timeout, so that the log says how long each step takes.
-OUT=$OUT EXPORT=0 SERVER_SETTINGS="exit_timeout_s = 60" SETTINGS=$EMBEDDER STOP_INSTANCES=$STOP_INSTANCES bash bench/h200_stop.sh
+OUT=$OUT EXPORT=0 SERVER_SETTINGS="exit_timeout_s = 60" SETTINGS=$EMBEDDER STOP_INSTANCES=$STOP_INSTANCES bash bench/device/h200_stop.sh

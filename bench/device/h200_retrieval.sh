@@ -12,8 +12,8 @@
 #            documents of 8,192 tokens in one pass pooled per chunk of 256 against the same documents embedded whole.
 #   PARTS="hybrid colbert late" (default) picks the steps; one failing does not stop the others.
 OUT=${OUT:-/tmp/h200_retrieval}
-# shellcheck source=bench/device_preamble.sh
-source bench/device_preamble.sh
+# shellcheck source=bench/device/device_preamble.sh
+source bench/device/device_preamble.sh
 PARTS=${PARTS:-hybrid colbert late}
 BATCHES=${BATCHES:-64,1,256}
 TEXTS=${TEXTS:-1024}

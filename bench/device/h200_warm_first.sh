@@ -6,8 +6,8 @@
 # $OUT: engine_bench.json, {off,on}-{1,2}/e2e_bench.json.
 OUT=${OUT:-/tmp/h200_warm_first}
 EXPORT_LOG=/tmp/export.log  # not in $OUT: the device tool brings back few files
-# shellcheck source=bench/device_preamble.sh
-source bench/device_preamble.sh
+# shellcheck source=bench/device/device_preamble.sh
+source bench/device/device_preamble.sh
 SETTINGS=${SETTINGS:-settings/variants/bert-base-h200.toml}
 SHAPES=${SHAPES:-1x1,1x64,1x256,8x64}
 if [ "${EXPORT:-1}" = 1 ]; then

@@ -7,8 +7,8 @@
 # already. Results land in $OUT (at most 8 files come back): engine_bench.json, one-instance/, instances/, api/.
 OUT=${OUT:-/tmp/h200_latency}
 EXPORT_LOG=/tmp/export.log  # not in $OUT: the device tool brings back few files
-# shellcheck source=bench/device_preamble.sh
-source bench/device_preamble.sh
+# shellcheck source=bench/device/device_preamble.sh
+source bench/device/device_preamble.sh
 SETTINGS=${SETTINGS:-settings/variants/bert-base-h200.toml}
 if [ "${EXPORT:-1}" = 1 ]; then
   export_model "$SETTINGS"

@@ -6,8 +6,8 @@
 # API_COST_ARGS: more flags of bench.api_cost (e.g. "--routes grpc api-base64 --profile").
 # Run from the repo root with .kit carried; EXPORT=0 when the model is exported already. Results land in $OUT.
 OUT=${OUT:-/tmp/h200_coalescing}
-# shellcheck source=bench/device_preamble.sh
-source bench/device_preamble.sh
+# shellcheck source=bench/device/device_preamble.sh
+source bench/device/device_preamble.sh
 SETTINGS=${SETTINGS:-settings/variants/bert-base-h200.toml}
 CONCURRENCY=${CONCURRENCY:-1 64 256}
 if [ "${EXPORT:-1}" = 1 ]; then

@@ -6,8 +6,8 @@
 # already. Results land in $OUT: engine_bench.json, priority_bench.json.
 OUT=${OUT:-/tmp/h200_priority}
 EXPORT_LOG=/tmp/export.log  # not in $OUT: the device tool brings back few files
-# shellcheck source=bench/device_preamble.sh
-source bench/device_preamble.sh
+# shellcheck source=bench/device/device_preamble.sh
+source bench/device/device_preamble.sh
 SETTINGS=${SETTINGS:-settings/variants/bert-base-h200.toml}
 if [ "${EXPORT:-1}" = 1 ]; then
   export_model "$SETTINGS"

@@ -5,8 +5,8 @@
 #   2. Locust, closed loop, 200 users (python -m loadtest ...), once per LOCUST_PROCESSES entry,
 # each recording its own CPU cost. Run from the repo root with .kit carried; everything lands in $OUT.
 OUT=${OUT:-/tmp/h200_acceptance}
-# shellcheck source=bench/device_preamble.sh
-source bench/device_preamble.sh
+# shellcheck source=bench/device/device_preamble.sh
+source bench/device/device_preamble.sh
 SETTINGS=${SETTINGS:-settings/variants/bert-base-h200.toml}
 USERS=${USERS:-200}
 DURATION=${DURATION:-60s}

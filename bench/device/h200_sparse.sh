@@ -11,8 +11,8 @@
 #   PARTS="A B" (default) picks the steps.
 OUT=${OUT:-/tmp/h200_sparse}
 EXPORT_LOG=/tmp/export-splade.log  # not in $OUT: the device tool brings back at most 8 files
-# shellcheck source=bench/device_preamble.sh
-source bench/device_preamble.sh
+# shellcheck source=bench/device/device_preamble.sh
+source bench/device/device_preamble.sh
 PARTS=${PARTS:-A B}
 BATCHES=${BATCHES:-64,256,1}
 SHAPES=${SHAPES:-1x256,64x8}
@@ -30,7 +30,7 @@ case " $PARTS " in *" B "*)
   # bert-base-h200.toml's serving with splade.toml's [model] section in place of its own.
   settings=/tmp/splade-h200.toml
   {
-    echo "# bench/h200_sparse.sh: settings/variants/splade.toml's [model] with bert-base-h200.toml's serving."
+    echo "# bench/device/h200_sparse.sh: settings/variants/splade.toml's [model] with bert-base-h200.toml's serving."
     sed -n '/^\[model\]/,/^$/p' settings/variants/splade.toml
     echo
     sed -e '/^\[model\]/,/^$/d' -e '1,/^$/d' settings/variants/bert-base-h200.toml

@@ -3,8 +3,8 @@
 # (settings/variants/bert-base-h200.toml): stub kills of the tokenizer and the GPU encoder and a launcher restart
 # under a closed-loop load, every request counted. Run from the repo root with .kit carried.
 OUT=${OUT:-/tmp/h200_reliability}
-# shellcheck source=bench/device_preamble.sh
-source bench/device_preamble.sh
+# shellcheck source=bench/device/device_preamble.sh
+source bench/device/device_preamble.sh
 SETTINGS=${SETTINGS:-settings/variants/bert-base-h200.toml}
 USERS=${USERS:-64}
 PHASE_SECONDS=${PHASE_SECONDS:-10}
