@@ -108,6 +108,26 @@ KERNEL_GROUPS = (
 )
 
 
+def time_pipelined(engine, batches: list, min_calls: int = 24, min_seconds: float = 0.5) -> dict:
+    """Engine.submit as stages/stream_model.py calls it (batch n + 1 launched, then batch n collected): sequences per
+    second, and the largest difference of two overlapped batches' rows from forward()'s."""
+    packed = [pack_sequences(batch) for batch in batches]
+    pair = [packed[0], packed[1 % len(packed)]]
+    expected = [engine.forward_packed(*batch) for batch in pair]
+    overlapped = [engine.submit(*batch) for batch in pair]
+    diff = max(float(np.abs(wait() - rows).max()) for wait, rows in zip(overlapped, expected, strict=True))
+    calls, sequences, pending = 0, 0, None
+    started = time.perf_counter()
+    while calls < min_calls or time.perf_counter() - started < min_seconds:
+        ids, lengths = packed[calls % len(packed)]
+        launched = engine.submit(ids, lengths)
+        if pending is not None:
+            pending()
+        pending, calls, sequences = launched, calls + 1, sequences + len(lengths)
+    pending()
+    return {"calls": calls, "seq_per_s": sequences / (time.perf_counter() - started), "max_abs_diff": diff}
+
+
 def diagnose(model_dir, device, base_opts, batch, reps: int = 10) -> dict:
     """Where one large-batch call spends its time: host phases of the eager path, GPU span, graph replay alone."""
     eng = load_engine("torch", model_dir, device, {**base_opts, "max_graph_tokens": 65536})
@@ -317,6 +337,11 @@ def main() -> int:
         print(
             f"engine bs={bs}: {r['seq_per_s']:.0f} seq/s, p50 {r['p50_ms']:.3f}, p99 {r['p99_ms']:.3f} ms", flush=True
         )
+        save()
+    for bs in batch_sizes:  # as the streaming model runs batches: the next launched before the last is collected
+        r = time_pipelined(engine, batch_sets[bs])
+        results.setdefault("engine_pipelined", {})[str(bs)] = r
+        print(f"engine pipelined bs={bs}: {r['seq_per_s']:.0f} seq/s, max diff {r['max_abs_diff']:.2e}", flush=True)
         save()
     for gap_ms in (float(g) for g in args.idle_gaps_ms.split(",") if g):
         # What a lone request sees: the host (and GPU) idle between calls, as at concurrency 1 in a server.

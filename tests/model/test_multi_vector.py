@@ -22,7 +22,7 @@ from common.contract import PROJECTION_FILE, TOKEN_COUNTS, TOKEN_VECTORS
 from export.__main__ import export
 from export.onnx_export import VALIDATION_SENTENCES
 from model_repository.stages.engines import load_engine
-from model_repository.stages.engines.torch_engine import key_lengths
+from model_repository.stages.engines.torch_layout import key_lengths
 from model_repository.stages.multi_vector_output import MultiVectorSides, answer
 from tests.checkpoints import MAX_TOKENS, make_multi_vector_checkpoint
 from tests.model.test_engine_torch import ROOT, _variant_id, gpu

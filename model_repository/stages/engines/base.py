@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,13 @@ class Engine(ABC):
     @abstractmethod
     def forward_packed(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None,
                        wanted: frozenset[str] | None = None): ...  # fmt: skip
+
+    def submit(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None,
+               wanted: frozenset[str] | None = None) -> Callable[[], object]:  # fmt: skip
+        """forward_packed begun: a callable that returns its outputs. An engine that can run a batch while its caller
+        prepares the next one (torch on a GPU) returns before the batch is done; this one computes it at once."""
+        outputs = self.forward_packed(ids, lengths, types, wanted)
+        return lambda: outputs
 
     def pool_spans(self, ids: np.ndarray, lengths: np.ndarray, bounds: np.ndarray) -> np.ndarray:
         """Late chunking: the sequences in one pass, then each span [bounds[i], bounds[i + 1]) of the packed token

@@ -56,7 +56,6 @@ import dataclasses
 import json
 import logging
 import os
-import time
 from pathlib import Path
 
 import numpy as np
@@ -71,7 +70,9 @@ from .torch_hybrid import HybridHead, HybridHost, host_rows
 from .torch_kernels import HAVE_TRITON, KernelCheck
 from .torch_layout import (
     TYPE_SHIFT,
+    HostSlot,
     cpu_chunks,
+    key_lengths,
     key_view,
     layout_size,
     length_class,
@@ -81,7 +82,7 @@ from .torch_layout import (
     token_parts,
     views,
 )
-from .torch_ops import PackedBatch, TorchOps
+from .torch_ops import PackedBatch, TorchOps, packed_batch
 from .torch_sparse import nonzero_rows
 from .torch_weights import Weights, load_state_dict
 
@@ -156,19 +157,20 @@ class TorchEngine(KernelCheck, Engine):
         self._graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.graph_captures = 0
         self.eager_runs = 0
+        self._launch_only = False  # submit(): _forward_cuda returns the callable that waits for the rows
 
         if self.is_cuda:
             self.stream = torch.cuda.Stream(self.torch_device)
             self.spin_s = int(opt.get("spin_us", 1000)) / 1e6
-            self._done = torch.cuda.Event(blocking=True)
             self._pool = torch.cuda.graph_pool_handle()
             cap = layout_size(self.max_graph_tokens, self.max_batch, self.tile_block, self.multi_vector)
             self._dev_in = torch.zeros(cap, dtype=torch.int32, device=self.torch_device)
-            self._host_in = torch.empty(cap, dtype=torch.int32, pin_memory=True)
             # A sparse model's [sequences, vocabulary] stays on the device: only its entries are copied (_rows).
             width = 0 if self.sparse else self.output_size
             rows = self.max_graph_tokens if self.multi_vector else self.max_batch  # a row per token, or per sequence
-            self._host_out = torch.empty((rows, width), dtype=torch.float32, pin_memory=True)
+            # Two sets of pinned buffers: a batch is packed and launched (submit) while the last one still runs.
+            self._slots = [HostSlot(cap, rows, width) for _ in range(2)]
+            self._next_slot = 0
             self._hybrid_host = HybridHost(self.output_size, self.hybrid_head.colbert_size) if self.hybrid else None
             if self.ops.kernels == "triton" or self.ops.attention == "triton":
                 self._self_check()
@@ -324,6 +326,18 @@ class TorchEngine(KernelCheck, Engine):
     def _keys(self, dev: torch.Tensor, tokens: int, seqs: int) -> torch.Tensor | None:
         return key_view(dev, tokens, seqs, self.tile_block) if self.multi_vector else None
 
+    def submit(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None,
+               wanted: frozenset[str] | None = None):  # fmt: skip
+        """Engine.submit: on a GPU, an embedder's, classifier's or reranker's batch is launched and its rows are
+        copied out asynchronously; the callable waits for them. The rest computes at once."""
+        if not self.is_cuda or self.sparse or self.hybrid:
+            return super().submit(ids, lengths, types, wanted)
+        self._launch_only = True
+        try:
+            return self.forward_packed(ids, lengths, types, wanted)
+        finally:
+            self._launch_only = False
+
     @torch.inference_mode()
     def _forward_cuda(self, ids, lens, tokens, max_len, keys, wanted):
         n = len(lens)
@@ -337,22 +351,22 @@ class TorchEngine(KernelCheck, Engine):
             t_b, n_b = tokens, n
         self.computed_tokens = t_b  # a graph bucket computes its tail tokens too
         size = layout_size(t_b, n_b, self.tile_block, self.multi_vector)
-        if size > self._host_in.numel():
-            self._host_in = torch.empty(size, dtype=torch.int32, pin_memory=True)
         rows = tokens if self.multi_vector else n
-        if rows > self._host_out.shape[0]:
-            self._host_out = torch.empty((rows, self._host_out.shape[1]), dtype=torch.float32, pin_memory=True)
-        pack(self._host_in.numpy()[:size], ids, lens, t_b, n_b, self.tile_block, keys)
+        slot = self._slots[self._next_slot]
+        self._next_slot ^= 1
+        slot.wait(self.spin_s)  # its last batch's copies are done before its buffers are written again
+        host_in, host_out = slot.sized(size, rows)
+        pack(host_in.numpy()[:size], ids, lens, t_b, n_b, self.tile_block, keys)
         with torch.cuda.stream(self.stream):
             if graph:
-                self._dev_in[:size].copy_(self._host_in[:size], non_blocking=True)
+                self._dev_in[:size].copy_(host_in[:size], non_blocking=True)
                 entry = self._graphs.get(key)
                 if entry is None:
                     entry = self._capture(key)
                 entry[0].replay()
                 out = entry[1]
             else:
-                dev = self._host_in[:size].to(self.torch_device, non_blocking=True)
+                dev = host_in[:size].to(self.torch_device, non_blocking=True)
                 ids, cu, tiles = views(dev, t_b, n_b, self.tile_block)
                 longest = max(max_len, length_class(max_len, bool(self.tile_block), self.max_positions))
                 out = self._encode(ids, cu, tiles, n_b, longest, self._keys(dev, t_b, n_b))
@@ -361,24 +375,17 @@ class TorchEngine(KernelCheck, Engine):
                 return nonzero_rows(out[:n])
             if self.hybrid:
                 rows_of = self._hybrid_host.stage(out, n, tokens, wanted)
-                self._wait()
+                slot.record(self.stream)
+                slot.wait(self.spin_s)
                 return rows_of()
-            self._host_out[:rows].copy_(out[:rows], non_blocking=True)
-            self._wait()
-        return self._host_out[:rows].numpy().copy()
+            host_out[:rows].copy_(out[:rows], non_blocking=True)
+            slot.record(self.stream)
 
-    def _wait(self) -> None:
-        """Until the stream's work is done: poll for up to spin_s, then sleep on the (blocking-sync) event."""
-        if self.spin_s < 0:
-            self.stream.synchronize()
-            return
-        done = self._done
-        done.record(self.stream)
-        deadline = time.perf_counter() + self.spin_s
-        while not done.query():
-            if time.perf_counter() >= deadline:
-                done.synchronize()
-                return
+        def rows_out() -> np.ndarray:
+            slot.wait(self.spin_s)
+            return host_out[:rows].numpy().copy()
+
+        return rows_out if self._launch_only else rows_out()
 
     def _capture(self, key):
         t_b, n_b, len_class = key
@@ -401,27 +408,3 @@ class TorchEngine(KernelCheck, Engine):
         for tokens, seqs in shapes:
             per = max(1, tokens // seqs)
             self.forward([np.full(per, 100, dtype=np.int32) for _ in range(seqs)])
-
-
-def key_lengths(lengths: np.ndarray, attended: np.ndarray | None) -> np.ndarray:
-    """Each sequence's key length from its tokens' attended flags (None: all attended); ValueError where a
-    sequence's unattended tokens are not its last ones, or are all of it."""
-    if attended is None:
-        return lengths
-    starts = np.cumsum(lengths) - lengths
-    counted = np.concatenate([[0], np.cumsum(attended != 0)])
-    keys = counted[starts + lengths] - counted[starts]
-    places = np.arange(len(attended)) - np.repeat(starts, lengths)
-    if not np.array_equal(attended != 0, places < np.repeat(keys, lengths)):
-        raise ValueError("a sequence's unattended tokens must be its last ones")
-    if (keys[lengths > 0] == 0).any():
-        raise ValueError("a sequence attends to none of its tokens")
-    return keys
-
-
-def packed_batch(ids: torch.Tensor, cu: torch.Tensor, tiles, n_seqs: int, max_len: int, keys=None) -> PackedBatch:
-    """The PackedBatch of a packed stream: each token's sequence (n_seqs for the tail past cu[-1]) and place in it."""
-    ar = torch.arange(ids.shape[0], device=ids.device, dtype=torch.int32)
-    seg = torch.searchsorted(cu[1:], ar, right=True, out_int32=True)
-    pos = torch.where(seg < n_seqs, ar - cu.index_select(0, seg), 0)
-    return PackedBatch(ids, cu, tiles, n_seqs, max_len, seg, pos, keys)

@@ -11,6 +11,8 @@ static buffer as it reads cu_seqlens.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
@@ -126,3 +128,53 @@ def token_parts(lens: np.ndarray, budget: int) -> list[np.ndarray]:
         parts.append(order[start:stop])
         start = stop
     return parts
+
+
+def key_lengths(lengths: np.ndarray, attended: np.ndarray | None) -> np.ndarray:
+    """Each sequence's key length from its tokens' attended flags (None: all attended); ValueError where a
+    sequence's unattended tokens are not its last ones, or are all of it."""
+    if attended is None:
+        return lengths
+    starts = np.cumsum(lengths) - lengths
+    counted = np.concatenate([[0], np.cumsum(attended != 0)])
+    keys = counted[starts + lengths] - counted[starts]
+    places = np.arange(len(attended)) - np.repeat(starts, lengths)
+    if not np.array_equal(attended != 0, places < np.repeat(keys, lengths)):
+        raise ValueError("a sequence's unattended tokens must be its last ones")
+    if (keys[lengths > 0] == 0).any():
+        raise ValueError("a sequence attends to none of its tokens")
+    return keys
+
+
+class HostSlot:
+    """One CUDA batch's pinned host buffers (its packed ids in, its rows out) and the event after its copies."""
+
+    def __init__(self, cap: int, rows: int, width: int) -> None:
+        self.host_in = torch.empty(cap, dtype=torch.int32, pin_memory=True)
+        self.host_out = torch.empty((rows, width), dtype=torch.float32, pin_memory=True)
+        self.done = torch.cuda.Event(blocking=True)
+        self.pending = False
+
+    def sized(self, size: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The buffers, grown to hold `size` packed int32 and `rows` rows."""
+        if size > self.host_in.numel():
+            self.host_in = torch.empty(size, dtype=torch.int32, pin_memory=True)
+        if rows > self.host_out.shape[0]:
+            self.host_out = torch.empty((rows, self.host_out.shape[1]), dtype=torch.float32, pin_memory=True)
+        return self.host_in, self.host_out
+
+    def record(self, stream) -> None:
+        self.done.record(stream)
+        self.pending = True
+
+    def wait(self, spin_s: float) -> None:
+        """Until the work recorded is done: poll for up to spin_s (< 0: to the end), then sleep on the blocking-sync
+        event (the GIL released). Polling answers a short batch without a wake-up."""
+        if not self.pending:
+            return
+        deadline = time.perf_counter() + spin_s
+        while not self.done.query():
+            if spin_s >= 0 and time.perf_counter() >= deadline:
+                self.done.synchronize()
+                break
+        self.pending = False

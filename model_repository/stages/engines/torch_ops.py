@@ -258,3 +258,11 @@ class TorchOps:
         if normalize:
             pooled = F.normalize(pooled, p=2.0, dim=-1, eps=1e-12)
         return pooled
+
+
+def packed_batch(ids: torch.Tensor, cu: torch.Tensor, tiles, n_seqs: int, max_len: int, keys=None) -> PackedBatch:
+    """The PackedBatch of a packed stream: each token's sequence (n_seqs for the tail past cu[-1]) and place in it."""
+    ar = torch.arange(ids.shape[0], device=ids.device, dtype=torch.int32)
+    seg = torch.searchsorted(cu[1:], ar, right=True, out_int32=True)
+    pos = torch.where(seg < n_seqs, ar - cu.index_select(0, seg), 0)
+    return PackedBatch(ids, cu, tiles, n_seqs, max_len, seg, pos, keys)

@@ -1,0 +1,247 @@
+"""The one-stage data path, shared by the unary model (pipeline_model.py) and the streaming one (stream_model.py):
+requests' texts -> tokens -> engine -> pooling/head -> each request's outputs, or the message refusing it.
+
+It knows requests only as HeldRequest (its inputs as numpy, its KServe parameters, the outputs it asks for), so it
+imports nothing of Triton's. A batch of the plain path (an embedder, classifier, reranker, sparse or hybrid model)
+goes in three steps, so that a caller can tokenize the next batch while the engine runs this one:
+`prepare` (tokenize), `launch` (the engine; asynchronous where the engine can be) and `finish` (each request's rows).
+Late chunks and a multi-vector model's sides run whole in `answer_other`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from common.contract import QUERY_INPUT, SCORE_OUTPUT, TEXT_INPUT, TOKENS_OUTPUT
+
+from .classification import label_array, scores_and_labels
+from .engines import Engine
+from .hybrid_output import HybridOutput
+from .late_chunking import LateChunking, chunk_size
+from .multi_vector_output import MultiVectorSides, answer
+from .sparse_output import SparseOutput
+from .text_input import TextInput
+
+Answer = dict[str, np.ndarray] | str  # a request's outputs by name, or why it is refused
+
+
+@dataclasses.dataclass(eq=False)
+class HeldRequest:
+    """One request as the stage core reads it; `parameters` is the JSON the Python backend gives."""
+
+    text: np.ndarray
+    query: np.ndarray | None
+    parameters_json: str
+    asked: tuple[str, ...] = ()
+    sender: object = None  # a streaming model's response sender
+    deadline: float = 0.0  # perf_counter() time past which it is refused unrun (0: none)
+    query_class: bool = False  # a streaming model's query: first into the next batch
+
+    def parameters(self) -> str:
+        return self.parameters_json
+
+    def requested_output_names(self) -> tuple[str, ...]:
+        return self.asked
+
+    @property
+    def rows(self) -> int:
+        return int(self.text.size)
+
+
+def held(request, pairs: bool, get_input: Callable) -> HeldRequest:
+    """A Python-backend request as a HeldRequest (`get_input`: pb_utils.get_input_tensor_by_name)."""
+    return HeldRequest(
+        get_input(request, TEXT_INPUT).as_numpy(),
+        get_input(request, QUERY_INPUT).as_numpy() if pairs else None,
+        request.parameters(),
+        tuple(request.requested_output_names()),
+    )
+
+
+@dataclasses.dataclass(eq=False)
+class Prepared:
+    """A plain-path batch between its steps: its requests tokenized, then the engine's pending outputs."""
+
+    requests: list[HeldRequest]
+    parts: list
+    ids: np.ndarray
+    lengths: np.ndarray
+    types: np.ndarray | None
+    wanted: frozenset[str] | None
+    pending: Callable[[], object] | None = None  # from launch(): waits for the engine's rows
+    computed_tokens: int = 0
+    rows: object = None
+    collected: bool = False
+
+    def collect(self) -> object:
+        """The engine's rows, waited for once (before the engine's buffers take a later batch)."""
+        if not self.collected:
+            self.rows, self.collected = self.pending(), True
+        return self.rows
+
+
+class StageCore:
+    """The stage's tokenizer, engine and task head, from its config parameters."""
+
+    def __init__(
+        self, text: TextInput, engine: Engine, params: dict[str, str], version_dir, record: Callable[..., None]
+    ) -> None:
+        """record(requests, lengths, computed_tokens): each engine call, for the stage's metrics."""
+        self.text, self.engine, self.record = text, engine, record
+        spec = engine.spec
+        self.labels = label_array(spec.labels) if spec.task == "classification" else None
+        self.pairs = spec.pairs
+        self.sparse = SparseOutput(params) if spec.task == "sparse" else None
+        self.hybrid = HybridOutput(params, spec.hybrid) if spec.task == "hybrid" else None
+        self.late = LateChunking(*text.special_tokens()) if spec.task == "embedding" else None
+        multi = spec.task == "multi_vector"
+        self.sides = MultiVectorSides(version_dir / "tokenizer.json", spec.multi_vector) if multi else None
+
+    # --- the whole batch at once (the unary model) -----------------------------------------------------------
+    def answer(self, requests: list[HeldRequest]) -> list[Answer]:
+        plain, others = self.split(requests)
+        answers: list = [None] * len(requests)
+        if plain:
+            prepared = self.prepare([requests[i] for i in plain])
+            self.launch(prepared)
+            for index, result in zip(plain, self.finish(prepared), strict=True):
+                answers[index] = result
+        for index, result in zip(others, self.answer_other([requests[i] for i in others]), strict=True):
+            answers[index] = result
+        return answers
+
+    def split(self, requests: list[HeldRequest]) -> tuple[list[int], list[int]]:
+        """The indices of the plain path's requests, and of those answer_other takes (late chunks, multi-vector)."""
+        if self.sides is not None:
+            return [], list(range(len(requests)))
+        if self.late is None:
+            return list(range(len(requests))), []
+        plain, others = [], []
+        for index, request in enumerate(requests):
+            try:
+                late = chunk_size(request.parameters()) is not None
+            except ValueError:
+                late = True  # answer_other words the refusal
+            (others if late else plain).append(index)
+        return plain, others
+
+    # --- the plain path in three steps ------------------------------------------------------------------------
+    def prepare(self, requests: list[HeldRequest]) -> Prepared:
+        texts_in = [request.text for request in requests]
+        queries_in = [request.query for request in requests] if self.pairs else None
+        parts, ids, lengths, types = self.text.tokenize(texts_in, queries_in)
+        wanted = self.hybrid.wanted(requests) if self.hybrid is not None else None
+        return Prepared(requests, parts, ids, lengths, types, wanted)
+
+    def launch(self, prepared: Prepared) -> None:
+        if not len(prepared.lengths):
+            prepared.pending = lambda: None
+            return
+        prepared.pending = self.engine.submit(prepared.ids, prepared.lengths, prepared.types, prepared.wanted)
+        prepared.computed_tokens = self.engine.computed_tokens
+
+    def finish(self, prepared: Prepared) -> list[Answer]:
+        outputs = prepared.collect()
+        ids, lengths = prepared.ids, prepared.lengths
+        self.record(len(prepared.requests), lengths, prepared.computed_tokens)
+        if self.labels is not None and len(lengths):
+            outputs = scores_and_labels(outputs, self.labels)
+        tokens = lengths.astype(np.int32).reshape(-1, 1)
+        token_ends = np.concatenate([[0], np.cumsum(lengths)])
+        answers: list[Answer] = []
+        for request, part in zip(prepared.requests, prepared.parts, strict=True):
+            if isinstance(part, str):
+                answers.append(part)
+                continue
+            try:
+                if self.hybrid is not None:
+                    own_tokens = slice(token_ends[part.start], token_ends[part.stop])
+                    out = self.hybrid.tensors(outputs, ids, lengths, part, own_tokens, request)
+                elif self.sparse is not None:
+                    out = self.sparse.tensors(outputs[part], request.parameters())
+                elif self.pairs:
+                    out = {SCORE_OUTPUT: outputs[part]}
+                elif self.labels is None:
+                    out = {"embedding": outputs[part]}
+                else:
+                    out = {"scores": outputs[0][part], "label": outputs[1][part]}
+            except ValueError as exc:
+                answers.append(str(exc))
+                continue
+            out[TOKENS_OUTPUT] = tokens[part]
+            answers.append(out)
+        return answers
+
+    # --- late chunks and multi-vector sides -------------------------------------------------------------------
+    def answer_other(self, requests: list[HeldRequest]) -> list[Answer]:
+        if not requests:
+            return []
+        if self.sides is not None:
+            return self._multi_vector(requests)
+        answers: list = [None] * len(requests)
+        groups: dict[int, list[int]] = {}
+        for index, request in enumerate(requests):
+            try:
+                groups.setdefault(chunk_size(request.parameters()), []).append(index)
+            except ValueError as exc:
+                answers[index] = str(exc)
+        for size, indices in groups.items():
+            for index, result in zip(indices, self._late_chunks([requests[i] for i in indices], size), strict=True):
+                answers[index] = result
+        return answers
+
+    def _late_chunks(self, requests: list[HeldRequest], size: int) -> list[Answer]:
+        """Each text in one pass, its chunks of `size` tokens pooled (late_chunking.py); the engine's refusal (one
+        that pools whole sequences only) is every request's."""
+        parts, ids, lengths, _ = self.text.tokenize([request.text for request in requests])
+        bounds, per_text, kept = self.late.spans(lengths, size)
+        try:
+            pooled = self.engine.pool_spans(ids, lengths, bounds) if len(lengths) else None
+        except (NotImplementedError, ValueError) as exc:
+            return [part if isinstance(part, str) else str(exc) for part in parts]
+        self.record(len(requests), lengths, self.engine.computed_tokens)
+        span_ends = np.concatenate([[0], np.cumsum(per_text)])
+        answers: list[Answer] = []
+        for part in parts:
+            if isinstance(part, str):
+                answers.append(part)
+                continue
+            spans = slice(span_ends[part.start], span_ends[part.stop])
+            outputs = self.late.tensors(pooled[spans], per_text[part], kept[spans])
+            outputs[TOKENS_OUTPUT] = lengths[part].astype(np.int32).reshape(-1, 1)
+            answers.append(outputs)
+        return answers
+
+    def _multi_vector(self, requests: list[HeldRequest]) -> list[Answer]:
+        """A multi-vector model's batch: the requests of each side (their parameter input_type) tokenized and run
+        together, each answered with its texts' kept token vectors."""
+        answers: list = [None] * len(requests)
+        by_side: dict[str, list[int]] = {}
+        for index, request in enumerate(requests):
+            try:
+                by_side.setdefault(self.sides.side(request.parameters()), []).append(index)
+            except ValueError as exc:
+                answers[index] = str(exc)
+        for side, indices in by_side.items():
+            texts, parts = self.text.gather([requests[index].text for index in indices])
+            ids, lengths, attended, kept = self.sides.encode(texts, side)
+            vectors = self.engine.forward_packed(ids, lengths, attended) if len(lengths) else None
+            self.record(len(indices), lengths, self.engine.computed_tokens)
+            token_ends = np.concatenate([[0], np.cumsum(lengths)])
+            for index, part in zip(indices, parts, strict=True):
+                if isinstance(part, str):
+                    answers[index] = part
+                    continue
+                tokens = slice(token_ends[part.start], token_ends[part.stop])
+                outputs = answer(vectors[tokens], lengths[part], kept[tokens])
+                outputs[TOKENS_OUTPUT] = lengths[part].astype(np.int32).reshape(-1, 1)
+                answers[index] = outputs
+        return answers
+
+
+def expired(request: HeldRequest, now: float | None = None) -> bool:
+    return bool(request.deadline) and request.deadline <= (time.perf_counter() if now is None else now)
