@@ -25,17 +25,18 @@ from common.contract import (
     SERVING_FILE,
     TEXT_INPUT,
     TOKEN_TYPES,
+    WARMUP_TEXT,
     ServingSpec,
 )
 from common.hf_tokenizer import load_tokenizer
 from model_repository.configs import (
-    WARMUP_TEXT,
     encoder_config,
     engine_files,
     ensemble_config,
     one_stage_config,
     postprocess_config,
     query_lane_config,
+    stream_config,
     tensorrt_encoder_config,
     tokenizer_config,
 )
@@ -137,6 +138,8 @@ def _write_models(out: Path, settings: Settings, spec: ServingSpec, export_dir: 
         configs += [query_lane_config(settings, spec, names)] if names.query_lane else []
         for config in configs:
             _write_text_warmup(_write_model(out, config, settings, files, "pipeline_model"), spec)
+        if names.stream:
+            _write_model(out, stream_config(settings, spec, names), settings, files, "stream_model")
         return
     tokenizer_file, serving_file = export_dir / "tokenizer.json", export_dir / SERVING_FILE
     config = tokenizer_config(settings, spec, names)
@@ -164,9 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--export-dir", type=Path, help="exported model folder, one model only (default: its own)")
     parser.add_argument("--out", type=Path, help="repository folder to (re)create (default: from the settings)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="a settings override")
     args = parser.parse_args(argv)
     try:
-        out = generate(load_deployment(args.settings), args.export_dir, args.out)
+        out = generate(load_deployment(args.settings, args.set), args.export_dir, args.out)
     except SettingsError as exc:
         print(f"generate failed: {exc}", file=sys.stderr)
         return 1

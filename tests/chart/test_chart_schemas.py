@@ -124,9 +124,9 @@ def test_values_schema_refuses_bad_values(chart):
         ({"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}}, "must not exceed"),
         ({"settings": {"toml": "[server]\nhttp_port = 9000\n"}}, "lacks [api] port"),
         ({"settings": {"toml": "[model\n"}}, "not valid TOML"),
-        # The default settings (BERT-base, 8 GPU stubs and the query lane's 1): 10 s of drain, then Triton's
-        # 10 + 9 x 2 s.
-        ({"terminationGracePeriodSeconds": 38}, "terminationGracePeriodSeconds (38) must exceed 38 s"),
+        # The default settings (BERT-base, 8 GPU stubs, the query lane's 1 and the streaming model's 2): 10 s of
+        # drain, then Triton's 10 + 11 x 2 s.
+        ({"terminationGracePeriodSeconds": 42}, "terminationGracePeriodSeconds (42) must exceed 42 s"),
     ],
 )
 def test_inconsistent_values_fail_with_a_reason(chart, values, message):
