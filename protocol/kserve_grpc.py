@@ -15,6 +15,7 @@ from tritonclient.grpc import service_pb2
 from common.contract import PADDED_OUTPUTS, TEXT_INPUT
 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+MODEL_STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"  # a decoupled model's only way in
 # Answers that mean "not now" for a model that exists, so a retry will find it: a Python stage's stub died
 # (the request never ran, and the launcher's watchdog restarts the stub within seconds), and a server that
 # is shutting down has unloaded its models while its endpoints still answer.
@@ -66,6 +67,17 @@ def tensors_infer_request(
     """A serialized ModelInferRequest of BYTES [rows, 1] inputs by name, each row already UTF-8 (a reranker's
     query beside its text, say), asking for `outputs` by name (none: all of them), with Triton's request id and
     request parameters (a sparse model's sparse_top_k, sparse_threshold; a multi-vector model's input_type)."""
+    return tensors_infer_message(model, inputs, outputs, request_id, parameters).SerializeToString()
+
+
+def tensors_infer_message(
+    model: str,
+    inputs: dict[str, Sequence[bytes]],
+    outputs: Sequence[str] = (),
+    request_id: str = "",
+    parameters: dict[str, int | float | str] | None = None,
+) -> service_pb2.ModelInferRequest:
+    """tensors_infer_request's message, before it is serialized."""
     request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
     for name, value in (parameters or {}).items():
         if isinstance(value, str):
@@ -79,7 +91,7 @@ def tensors_infer_request(
         request.raw_input_contents.append(b"".join(len(data).to_bytes(4, "little") + data for data in rows))
     for name in outputs:
         request.outputs.add(name=name)
-    return request.SerializeToString()
+    return request
 
 
 def _bytes_tensor(raw: bytes, count: int) -> np.ndarray:
@@ -93,7 +105,11 @@ def _bytes_tensor(raw: bytes, count: int) -> np.ndarray:
 
 def decode_response(data: bytes) -> dict[str, np.ndarray]:
     """A serialized ModelInferResponse's outputs by name (BYTES as str objects)."""
-    response = service_pb2.ModelInferResponse.FromString(data)
+    return decode_infer_response(service_pb2.ModelInferResponse.FromString(data))
+
+
+def decode_infer_response(response: service_pb2.ModelInferResponse) -> dict[str, np.ndarray]:
+    """A ModelInferResponse's outputs by name (a stream's answers arrive parsed, inside ModelStreamInferResponse)."""
     outputs = {}
     for tensor, raw in zip(response.outputs, response.raw_output_contents, strict=True):
         shape = tuple(tensor.shape)

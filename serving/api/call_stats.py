@@ -26,7 +26,7 @@ _WIDTH = len(BUCKETS) + 1  # counts per bucket, +Inf last
 _TEXTS, _TEXTS_SUM, _CALLS = 0, _WIDTH, _WIDTH + 1
 _REQUESTS, _REQUESTS_SUM = _WIDTH + 2, 2 * _WIDTH + 2
 _ROW = 2 * _WIDTH + 3
-OUTCOMES = ("served", "overloaded", "timed_out")  # a class's row: these counts, then queued microseconds
+OUTCOMES = ("served", "overloaded", "timed_out", "retried")  # a class's row: these counts, then queued microseconds
 _QUEUED_US = len(OUTCOMES)
 FAMILIES = (
     ("bert_api_call_texts", "Texts per Triton call of the API front (a coalesced call carries several requests)"),

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from serving.api.request_context import CURRENT, RequestContext
-from serving.api.triton_link import BadInput, TimedOut, TritonLink
+from serving.api.triton_errors import BadInput, TimedOut
+from serving.api.triton_link import TritonLink
 
 MAX_ID_CHARS = 1024  # Triton's id of a coalesced call: its requests' ids, as many as fit
 
@@ -83,8 +84,10 @@ class Coalescer:
         max_bytes: int,
         max_calls: int,
         window_s: float,
+        parameters: dict | None = None,
     ) -> None:
-        self.link, self.model, self.outputs = link, model, outputs
+        """parameters: KServe parameters every call carries (a streaming model's lane)."""
+        self.link, self.model, self.outputs, self.parameters = link, model, outputs, parameters or {}
         self.max_texts, self.max_bytes = max_texts, max_bytes
         self.max_calls, self.window_s = max_calls, window_s
         self._queue: deque[_Request] = deque()
@@ -172,7 +175,7 @@ class Coalescer:
                 try:
                     outputs = await self.link.infer(
                         self.model, inputs, self.outputs, self.max_texts, self.max_bytes, len(batch), ids, trace,
-                        timeout_s=_latest(batch),
+                        self.parameters or None, _latest(batch),
                     )  # fmt: skip
                 finally:  # this call's time, before any retry below adds its own
                     for request in batch:
@@ -201,7 +204,7 @@ class Coalescer:
         try:
             return await self.link.infer(
                 self.model, request.inputs, self.outputs, self.max_texts, self.max_bytes, 1, request.id, request.trace,
-                parameters=request.parameters, timeout_s=_latest([request]),
+                parameters={**self.parameters, **(request.parameters or {})} or None, timeout_s=_latest([request]),
             )  # fmt: skip
         finally:
             _timed(request.context, started)

@@ -11,7 +11,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from common.contract import TOKENS_OUTPUT
+from common.contract import LANE_PARAMETER, TOKENS_OUTPUT
 from protocol.api_key import api_key
 from serving.api.call_stats import CallStats
 from serving.api.coalescer import Coalescer
@@ -19,7 +19,8 @@ from serving.api.models import Models, ServedModel
 from serving.api.priority import settle
 from serving.api.request_context import CURRENT, RequestContext
 from serving.api.schema import ApiError
-from serving.api.triton_link import BadInput, NotReady, Overloaded, TimedOut, TritonError, TritonLink
+from serving.api.triton_errors import BadInput, NotReady, Overloaded, TimedOut, TritonError
+from serving.api.triton_link import TritonLink
 from serving.tenant_limits import retry_after
 from serving.tenants import Tenants
 from serving.tracing import Tracing
@@ -40,17 +41,20 @@ class Api:
         self.in_flight = 0
         self.created = int(time.time())
         lanes = [model.query_lane for model in models.all if model.query_lane]
-        self.stats = CallStats(port, [model.triton for model in models.all] + lanes)
+        self.streamed = frozenset(model.stream for model in models.all if model.stream)
+        self.stats = CallStats(port, [model.triton for model in models.all] + lanes + sorted(self.streamed))
         self.tracing = Tracing.of(deployment.tracing, "api")
         # Rates shared with the server's other fronts: those of its (public) gRPC port, server.grpc_port.
         self.tenants = Tenants.of(deployment, deployment.server.grpc_port, "api")
         self.link: TritonLink | None = None
         self.session: aiohttp.ClientSession | None = None
-        self._coalescers: dict[tuple[str, tuple[str, ...]], Coalescer] = {}
+        self._coalescers: dict[tuple, Coalescer] = {}
 
     async def start(self, app: web.Application):
         settings = self.deployment.api
-        self.link = TritonLink(self.grpc_target, settings.grpc_channels, settings.timeout_s, self.stats, self.api_key)
+        self.link = TritonLink(
+            self.grpc_target, settings.grpc_channels, settings.timeout_s, self.stats, self.api_key, self.streamed
+        )
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
         yield
         await self.link.close()
@@ -58,17 +62,31 @@ class Api:
         if self.tracing is not None:
             self.tracing.shutdown()
 
-    def coalescer(self, triton: str, model: ServedModel, outputs: tuple[str, ...]) -> Coalescer:
-        """The Coalescer of one Triton model (the model's, or its query lane) and outputs: queries and ingestion
-        never share a call, nor wait for each other's."""
-        key = (triton, outputs)
+    def coalescer(self, triton: str, model: ServedModel, outputs: tuple[str, ...], lane: str = "") -> Coalescer:
+        """The Coalescer of one Triton model (the model's, its query lane, or its streaming model with the class as
+        the request's lane) and outputs: queries and ingestion never share a call, nor wait for each other's."""
+        key = (triton, outputs, lane)
         if key not in self._coalescers:
             settings = self.deployment.api
             self._coalescers[key] = Coalescer(
                 self.link, triton, list(outputs), model.max_texts, model.max_bytes,
-                settings.coalesce_calls, settings.coalesce_window_ms / 1000,
+                settings.coalesce_calls, settings.coalesce_window_ms / 1000, {LANE_PARAMETER: lane} if lane else None,
             )  # fmt: skip
         return self._coalescers[key]
+
+    async def _call(self, model: ServedModel, inputs, outputs, parameters, priority_class: str, context) -> dict:
+        """Over the streaming model where there is one, retried once on the unary model (the lane for a query) when
+        its stream or stub failed it; else on the unary model."""
+        unary = model.query_lane if priority_class == "query" and model.query_lane else model.triton
+        alone = context.budget_s is not None
+        if model.stream:
+            try:
+                return await self.coalescer(model.stream, model, outputs, priority_class).infer(
+                    inputs, parameters, context.deadline, alone
+                )
+            except NotReady:
+                self.stats.count_class(priority_class, "retried")
+        return await self.coalescer(unary, model, outputs).infer(inputs, parameters, context.deadline, alone)
 
     async def infer(
         self, model: ServedModel, inputs: dict[str, list[bytes]], outputs: list[str], parameters: dict | None = None
@@ -88,12 +106,9 @@ class Api:
         context = context or RequestContext("")
         rows = len(next(iter(inputs.values())))
         priority_class = settle(context, self.deployment.priority, rows, self.deployment.api.timeout_s)
-        triton = model.query_lane if priority_class == "query" and model.query_lane else model.triton
         queued = context.queue_s
         try:
-            result = await self.coalescer(triton, model, (*outputs, TOKENS_OUTPUT)).infer(
-                inputs, parameters, context.deadline, alone=context.budget_s is not None
-            )
+            result = await self._call(model, inputs, (*outputs, TOKENS_OUTPUT), parameters, priority_class, context)
         except BadInput as exc:
             raise ApiError(400, f"tritonserver refused the texts: {exc}", "input") from None
         except Overloaded as exc:

@@ -5,9 +5,9 @@ round robin) keep one HTTP/2 connection from serializing every stream of a busy 
 texts than the model's max_batch_size, or more bytes than tokenizer.max_request_bytes, goes as several
 concurrent requests whose outputs are put back in order (a sparse model's padded to the widest part).
 
-Triton's answers become one of four errors the front words for its clients: BadInput (the texts were
-refused: INVALID_ARGUMENT), Overloaded (the model's queue is full: UNAVAILABLE "exceeds maximum queue size")
-NotReady (nothing answers, the server is stopping, or a Python stage is being restarted) and TimedOut.
+A `<model>-stream` (decoupled) is called over the same channels' ModelStreamInfer streams (triton_stream.py), its
+time budget sent as the request's budget_us. Triton's answers become one of four errors the front words for its
+clients (triton_errors.py).
 """
 
 from __future__ import annotations
@@ -19,36 +19,18 @@ from collections.abc import Sequence
 import grpc
 import numpy as np
 
+from common.contract import BUDGET_PARAMETER
 from protocol.api_key import headers
 from protocol.kserve_grpc import (
     GRPC_CHANNEL_ARGS,
     MODEL_INFER,
-    TRANSIENT_MESSAGES,
     decode_response,
     join_outputs,
-    tensors_infer_request,
+    tensors_infer_message,
 )
 from serving.api.call_stats import CallStats
-
-
-class TritonError(Exception):
-    """A call tritonserver did not answer with outputs."""
-
-
-class BadInput(TritonError):
-    pass
-
-
-class Overloaded(TritonError):
-    pass
-
-
-class NotReady(TritonError):
-    pass
-
-
-class TimedOut(TritonError):
-    pass
+from serving.api.triton_errors import TimedOut, call_error
+from serving.api.triton_stream import TritonStreams
 
 
 def chunk_bounds(sizes: Sequence[int], max_texts: int, max_bytes: int) -> list[slice]:
@@ -64,26 +46,20 @@ def chunk_bounds(sizes: Sequence[int], max_texts: int, max_bytes: int) -> list[s
     return bounds
 
 
-def _error(exc: grpc.aio.AioRpcError) -> TritonError:
-    code, message = exc.code(), exc.details() or ""
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return BadInput(message)
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return TimedOut(message)
-    if code == grpc.StatusCode.UNAVAILABLE and "queue" in message:
-        return Overloaded(message)
-    if code == grpc.StatusCode.UNAVAILABLE or any(text in message for text in TRANSIENT_MESSAGES):
-        return NotReady(message)
-    return TritonError(f"{code.name}: {message}")
-
-
 class TritonLink:
     """gRPC to tritonserver at `target` (host:port) from one process, created inside its event loop."""
 
     def __init__(
-        self, target: str, channels: int, timeout_s: float, stats: CallStats | None = None, key: str | None = None
+        self,
+        target: str,
+        channels: int,
+        timeout_s: float,
+        stats: CallStats | None = None,
+        key: str | None = None,
+        streamed: frozenset[str] = frozenset(),
     ) -> None:
-        self.timeout_s, self.stats = timeout_s, stats
+        """streamed: the models called over streams (each a <model>-stream)."""
+        self.timeout_s, self.stats, self.streamed = timeout_s, stats, streamed
         self._key = tuple(headers(key, "grpc").items())  # Triton's inference group asks for the key too
         self._channels = [grpc.aio.insecure_channel(target, options=GRPC_CHANNEL_ARGS) for _ in range(channels)]
         self._calls = itertools.cycle(
@@ -92,6 +68,7 @@ class TritonLink:
                 for channel in self._channels
             ]
         )
+        self._streams = TritonStreams(self._channels, self._key) if streamed else None
 
     async def _call(
         self,
@@ -108,13 +85,17 @@ class TritonLink:
             self.stats.count(model, len(next(iter(inputs.values()))), requests)
         if timeout_s is not None and timeout_s <= 0:
             raise TimedOut("its time budget ran out before the call")
+        timeout = self.timeout_s if timeout_s is None else min(timeout_s, self.timeout_s)
+        if model in self.streamed:  # the stage refuses it unrun once its budget is gone
+            budget = {BUDGET_PARAMETER: int(timeout_s * 1e6)} if timeout_s is not None else {}
+            request = tensors_infer_message(model, inputs, outputs, request_id, {**(parameters or {}), **budget})
+            return await self._streams.call(request, timeout)
         try:
-            request = tensors_infer_request(model, inputs, outputs, request_id, parameters)
+            request = tensors_infer_message(model, inputs, outputs, request_id, parameters).SerializeToString()
             metadata = (*self._key, *trace.items()) or None
-            timeout = self.timeout_s if timeout_s is None else min(timeout_s, self.timeout_s)
             data = await next(self._calls)(request, timeout=timeout, metadata=metadata)
         except grpc.aio.AioRpcError as exc:
-            raise _error(exc) from None
+            raise call_error(exc) from None
         return decode_response(data)
 
     async def infer(
@@ -151,4 +132,6 @@ class TritonLink:
         return join_outputs(list(parts))
 
     async def close(self) -> None:
+        if self._streams is not None:
+            self._streams.close()
         await asyncio.gather(*(channel.close() for channel in self._channels))

@@ -142,7 +142,8 @@ class Supervisor:
         self.stopping.set()
         if self.canary:
             self.canary.stop()
-        self.server.shut_down()
+        api = self.fronts.get("api")
+        self.server.shut_down(before_sigterm=api.stop if api else None)
 
     def start_canary(self) -> None:
         """The canary of the tritonserver that just came up (none while server.canary_interval_s is 0)."""

@@ -225,7 +225,7 @@ class TritonServer:
             counts.update(restart.model for restart in self.watchdog.restarts)
         return counts
 
-    def shut_down(self, quiet_s: float = 1.0) -> None:
+    def shut_down(self, quiet_s: float = 1.0, before_sigterm=None) -> None:
         """No more stub restarts; wait until no request is between two stages, none has completed and no stub
         has used CPU for quiet_s (at most server.exit_timeout_s); then SIGTERM Triton and wait for its exit.
 
@@ -233,7 +233,9 @@ class TritonServer:
         step of an ensemble request already in flight ("Server is stopping, scheduler for model has stopped
         accepting new inference requests") and then closes the streams of the rest. The stubs' CPU tells an
         execute() that runs longer than quiet_s (one stage: a whole request in one execute) from an idle one.
-        Only the first call does it; a second one returns at once."""
+        `before_sigterm` runs once quiet: the API front stops there, since Triton 2.51 unloads a decoupled model only
+        after the gRPC streams to it have closed (its streams stay open while it lives). Only the first call does it;
+        a second one returns at once."""
         if not self._shutting_down.acquire(blocking=False):
             return
         if self.watchdog:
@@ -255,6 +257,8 @@ class TritonServer:
             why = "quiet" if quiet else f"the bound (server.exit_timeout_s = {bound})"
             exit_s = self.deployment.triton_exit_timeout_s
             log.info(f"drain: {why} after {waited:.1f} s; SIGTERM to tritonserver (exit timeout {exit_s} s)")
+            if before_sigterm is not None:
+                before_sigterm()
             self.process.send_signal(signal.SIGTERM)
             signalled = time.monotonic()
             # Triton has its exit timeout to finish; one that crashed in its own shutdown can hang in its signal

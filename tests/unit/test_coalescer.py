@@ -11,7 +11,7 @@ import pytest
 
 from serving.api.coalescer import Coalescer
 from serving.api.request_context import CURRENT, RequestContext
-from serving.api.triton_link import BadInput, Overloaded
+from serving.api.triton_errors import BadInput, Overloaded
 
 
 class RecordingLink:

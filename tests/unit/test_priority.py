@@ -14,7 +14,7 @@ from serving.api.coalescer import Coalescer
 from serving.api.priority import budget_s, priority_class, settle
 from serving.api.request_context import RequestContext
 from serving.api.schema import ApiError
-from serving.api.triton_link import TimedOut
+from serving.api.triton_errors import TimedOut
 from settings import Deployment, load_settings
 from settings.deployment import python_stubs
 from settings.schema import SettingsError
