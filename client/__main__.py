@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         "--priority", choices=("query", "ingestion"), help="the class (default: by the number of texts)"
     )
     parser.add_argument(
+        "--stream", action="store_true", help="over a gRPC stream to the model's streaming copy (<model>-stream)"
+    )
+    parser.add_argument(
         "--retries", type=int, help="total tries when the server is unavailable (default: until the deadline)"
     )
     args = parser.parse_args(argv)
@@ -51,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with TextClient(
             args.url, args.protocol, args.model, args.timeout, RetryPolicy(attempts=args.retries),
-            priority=args.priority,
+            priority=args.priority, stream=args.stream,
         ) as client:  # fmt: skip
             parameters = (
                 side_parameters(args.input_type or "document")

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
+import gevent
+import gevent.queue
 import grpc
 from locust import FastHttpUser, User, constant, constant_throughput, events, task
 from locust.runners import WorkerRunner
@@ -42,7 +44,7 @@ from loadtest.acceptance import (
 )
 from loadtest.corpus import load_text
 from protocol.api_key import api_key, headers
-from protocol.kserve_grpc import MODEL_INFER, encode_texts, tensors_infer_request
+from protocol.kserve_grpc import MODEL_INFER, MODEL_STREAM_INFER, encode_texts, tensors_infer_request
 from settings import load_settings
 
 # The API key of the environment, sent with every request when the server asks for one (protocol/api_key.py).
@@ -122,7 +124,7 @@ def _configure(environment, **_) -> None:
         query=QUERY if settings.model.task == "rerank" else None,
     )
     rate = CONFIG["rate_per_user"]
-    for cls in (GrpcTextUser, HttpTextUser):
+    for cls in (GrpcTextUser, GrpcStreamTextUser, HttpTextUser):
         cls.wait_time = constant_throughput(rate) if rate > 0 else constant(0)
     HttpTextUser.network_timeout = HttpTextUser.connection_timeout = CONFIG["timeout_s"]
 
@@ -246,6 +248,38 @@ class GrpcTextUser(User):
             context={},
             exception=error,
         )
+
+
+class GrpcStreamTextUser(GrpcTextUser):
+    """The same requests over one gRPC stream per user (ModelStreamInfer, what a decoupled <model>-stream answers),
+    one in flight at a time: the closed loop waits for each answer, timed from its send."""
+
+    _streams: ClassVar[dict] = {}  # per process: host -> the ModelStreamInfer callable on one channel
+
+    def on_start(self) -> None:
+        super().on_start()
+        host = (self.host or "").removeprefix("grpc://")
+        if host not in self._streams:
+            channel = grpc.insecure_channel(host, options=[("grpc.max_receive_message_length", 1 << 30)])
+            self._streams[host] = channel.stream_stream(
+                MODEL_STREAM_INFER,
+                request_serializer=None,  # bytes as they are
+                response_deserializer=service_pb2.ModelStreamInferResponse.FromString,
+            )
+        self._outbox: gevent.queue.Queue = gevent.queue.Queue()
+        self._answers = self._streams[host](iter(self._outbox.get, None), metadata=KEY_METADATA)
+        self._infer = self._stream_infer
+
+    def on_stop(self) -> None:
+        self._outbox.put(None)  # ends the request iterator: the stream closes
+
+    def _stream_infer(self, request: bytes, timeout: float, metadata) -> service_pb2.ModelInferResponse:
+        self._outbox.put(request)
+        with gevent.Timeout(timeout, TimeoutError(f"no answer on the stream within {timeout:g} s")):
+            answer = next(self._answers)
+        if answer.error_message:
+            raise RuntimeError(answer.error_message)
+        return answer.infer_response
 
 
 class HttpTextUser(FastHttpUser):

@@ -30,6 +30,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from common.contract import STREAM_SUFFIX
 from loadtest import report, triton_stats
 from loadtest.acceptance import LOAD_MODELS, Thresholds, format_mix, parse_duration, parse_mix
 from settings import ROOT, SettingsError, load_settings
@@ -37,7 +38,7 @@ from settings import ROOT, SettingsError, load_settings
 HERE = Path(__file__).resolve().parent
 LOCUSTFILE = HERE / "locustfile.py"
 STEP_SHAPE = HERE / "step_shape.py"
-USER_CLASSES = {"grpc": "GrpcTextUser", "http": "HttpTextUser"}
+USER_CLASSES = {"grpc": "GrpcTextUser", "grpc-stream": "GrpcStreamTextUser", "http": "HttpTextUser"}
 
 
 def parse_args(argv: list[str] | None):
@@ -74,7 +75,7 @@ def parse_args(argv: list[str] | None):
 
 def locust_command(args, settings_path: Path, url: str, mix: str, bar: Thresholds, results: Path) -> list[str]:
     files = f"{LOCUSTFILE},{STEP_SHAPE}" if args.load == "ramp" else str(LOCUSTFILE)
-    host = url if args.protocol == "grpc" or "://" in url else f"http://{url}"
+    host = url if args.protocol.startswith("grpc") or "://" in url else f"http://{url}"
     command = [
         *(sys.executable, "-m", "locust", "-f", files, "--headless", "--host", host),
         *("--csv", str(results / "locust"), "--csv-full-history", "--html", str(results / "report.html")),
@@ -116,7 +117,7 @@ def server_snapshot(args, url: str) -> tuple[dict | None, dict | None, list[str]
     notes = []
     if not args.no_server_stats:
         try:
-            client = triton_stats.statistics_client(url, args.protocol)
+            client = triton_stats.statistics_client(url, "http" if args.protocol == "http" else "grpc")
             try:
                 stats = triton_stats.model_stats(client)
             finally:
@@ -202,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         load, p50_ms=args.p50_ms, p99_ms=args.p99_ms, min_rps=args.min_rps, max_fail_ratio=args.max_fail_ratio
     )
     server = settings.server
-    url = args.url or f"{server.host}:{server.grpc_port if args.protocol == 'grpc' else server.http_port}"
+    url = args.url or f"{server.host}:{server.http_port if args.protocol == 'http' else server.grpc_port}"
+    if args.protocol == "grpc-stream" and not args.model.endswith(STREAM_SUFFIX):
+        args.model += STREAM_SUFFIX  # the model's decoupled copy: the one that answers over streams
     url = url.removeprefix("grpc://").removeprefix("http://").rstrip("/")  # HOST:PORT for Locust and the stats
     results = args.results or ROOT / "build" / "loadtest" / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     results.mkdir(parents=True, exist_ok=True)
