@@ -43,6 +43,7 @@ from urllib.parse import urlsplit
 from bench.e2e_bench import perf_analyzer_input, run_perf_analyzer
 from bench.process_cpu import per_request, snapshot
 from bench.record import header, write
+from common.contract import STREAM_SUFFIX
 from loadtest.corpus import load_text
 from loadtest.triton_stats import scrape_metrics
 from protocol.kserve_grpc import GRPC_CHANNEL_ARGS, MODEL_INFER, model_infer_request
@@ -56,7 +57,7 @@ from settings import load_settings
 QUANTIZED_FORMATS = ("int8", "uint8", "binary", "ubinary")  # OpenAI encoding_format, beside float and base64
 COHERE_TYPES = ("float", "int8", "binary")  # Cohere v2 embedding_types, one a route
 ROUTES = (
-    "grpc", "api-base64", "api-float", "api-base64-alone", "tei-embed",
+    "grpc", "grpc-stream", "api-base64", "api-float", "api-base64-alone", "tei-embed",
     *(f"api-{name}" for name in QUANTIZED_FORMATS), *(f"cohere-{name}" for name in COHERE_TYPES),
 )  # fmt: skip
 DEFAULT_ROUTES = ROUTES[:4]
@@ -164,13 +165,15 @@ def addresses(ports: Ports) -> dict[str, str]:
     tei = f"http://127.0.0.1:{ports.api}/embed"
     cohere = {f"cohere-{name}": f"http://127.0.0.1:{ports.api}/v2/embed" for name in COHERE_TYPES}
     openai = {f"api-{name}": api for name in ("base64", "float", *QUANTIZED_FORMATS)}
-    return {"grpc": f"127.0.0.1:{ports.grpc}", **openai, "tei-embed": tei, **cohere}
+    grpc = f"127.0.0.1:{ports.grpc}"
+    return {"grpc": grpc, "grpc-stream": grpc, **openai, "tei-embed": tei, **cohere}
 
 
 def triton_requests(metrics_url: str) -> tuple[float, float]:
-    """(texts, requests) the ensemble has answered so far, by Triton's own counters."""
-    counters = scrape_metrics(metrics_url).get("ensemble", {})
-    return counters.get("nv_inference_count", 0.0), counters.get("nv_inference_request_success", 0.0)
+    """(texts, requests) the ensemble, its query lane and its streaming model have answered so far, by Triton's own
+    counters."""
+    models = [counters for name, counters in scrape_metrics(metrics_url).items() if name.startswith("ensemble")]
+    return tuple(sum(c.get(key, 0.0) for c in models) for key in ("nv_inference_count", "nv_inference_request_success"))
 
 
 def measured(target: Target, load: Callable[[], tuple[dict, float]]) -> dict:
@@ -258,8 +261,9 @@ class PerfAnalyzer:
 
     def run_route(self, target: Target, route: str, address: str, concurrency: int, duration_s: float) -> dict:
         data, csv_path = self.work / f"{route}.json", self.work / f"{route}.csv"
-        if route == "grpc":
-            url, endpoint, model = address, None, "ensemble"
+        if route.startswith("grpc"):
+            url, endpoint = address, None
+            model = "ensemble" + (STREAM_SUFFIX if route == "grpc-stream" else "")
             if not data.exists():
                 perf_analyzer_input(target.texts, data)
         else:
@@ -273,7 +277,7 @@ class PerfAnalyzer:
             # stable run), reported as one: a round as long as the Python generator's.
             row = run_perf_analyzer(
                 self.binary, url, model, data, concurrency, 1, round(duration_s * 1000 / 3), 999, csv_path,
-                endpoint=endpoint, max_threads=target.processes,
+                endpoint=endpoint, max_threads=target.processes, streaming=route == "grpc-stream",
             )  # fmt: skip
             figures = {"rps": round(row["inferences_per_s"], 1), "p50_ms": row["p50_ms"], "p99_ms": row["p99_ms"]}
             return figures, row["client_cpu_s"]
@@ -313,14 +317,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--routes", nargs="+", choices=ROUTES, default=list(DEFAULT_ROUTES))
     parser.add_argument("--profile", action="store_true", help="py-spy one API worker in the first api round")
     parser.add_argument("--out", type=Path, default=Path("build/bench"))
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="settings override, e.g. stream.enabled=false"
+    )
     args = parser.parse_args(argv)
     if args.generator == "perf_analyzer" and shutil.which(args.perf_analyzer) is None:
         raise SystemExit(f"perf_analyzer not found ({args.perf_analyzer}); pass --perf-analyzer or PERF_ANALYZER")
-    settings = load_settings(args.settings)
+    if args.generator == "python" and "grpc-stream" in args.routes:
+        raise SystemExit("route grpc-stream needs --generator perf_analyzer (its --streaming)")
+    settings = load_settings(args.settings, args.set)
     texts = load_text()
     args.out.mkdir(parents=True, exist_ok=True)
     ports = Ports.free()
-    launcher = Launcher(settings.path, settings.repository_dir, ports, args.out / "api_cost_launcher.log").start()
+    launcher = Launcher(
+        settings.path, settings.repository_dir, ports, args.out / "api_cost_launcher.log", args.set
+    ).start()
     (alone_port,) = free_ports(1)
     local = (
         f"127.0.0.1:{ports.grpc}",
@@ -328,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         f"http://127.0.0.1:{ports.metrics}/metrics",
     )
     arguments = command([settings.path], settings.repository_dir, "127.0.0.1", alone_port, *local)
+    arguments += [item for override in args.set for item in ("--set", override)]
     alone = FrontWorkers(
         "API front (coalesce_calls = 0)", [*arguments, "--set", "api.coalesce_calls=0"], settings.api.worker_count(),
         "127.0.0.1", alone_port,
@@ -366,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {
         **header("api_cost", argv),
         "settings": str(settings.path),
+        "overrides": args.set,
         "api_workers": settings.api.worker_count(),
         "coalesce": {"calls": settings.api.coalesce_calls, "window_ms": settings.api.coalesce_window_ms},
         "generator": GENERATORS[args.generator].format(processes=args.processes),
