@@ -189,6 +189,17 @@ def row_problem(shapes: list[list[int]], size: int) -> str | None:
     return f"outputs shaped {wrong} for {size} texts" if wrong else None
 
 
+def grpc_method(cache: dict, host: str, stream: bool):
+    """This process's ModelInfer (or ModelStreamInfer) callable on one channel to host, made once: requests go as
+    the bytes they are, answers are parsed by protobuf alone."""
+    if host not in cache:
+        channel = grpc.insecure_channel(host, options=[("grpc.max_receive_message_length", 1 << 30)])
+        make = channel.stream_stream if stream else channel.unary_unary
+        answer = service_pb2.ModelStreamInferResponse if stream else service_pb2.ModelInferResponse
+        cache[host] = make(MODEL_STREAM_INFER if stream else MODEL_INFER, response_deserializer=answer.FromString)
+    return cache[host]
+
+
 class GrpcTextUser(User):
     """Raw KServe gRPC ModelInfer calls, every one reported to Locust with its real timing.
 
@@ -207,14 +218,7 @@ class GrpcTextUser(User):
         host = (self.host or "").removeprefix("grpc://")
         if not host:
             raise ValueError("no host: pass --host HOST:PORT of Triton's gRPC endpoint")
-        if host not in self._calls:
-            channel = grpc.insecure_channel(host, options=[("grpc.max_receive_message_length", 1 << 30)])
-            self._calls[host] = channel.unary_unary(
-                MODEL_INFER,
-                request_serializer=None,  # bytes as they are
-                response_deserializer=service_pb2.ModelInferResponse.FromString,
-            )
-        self._infer = self._calls[host]
+        self._infer = grpc_method(self._calls, host, stream=False)
         self._texts = TextSource()
         desynchronize()
 
@@ -258,16 +262,9 @@ class GrpcStreamTextUser(GrpcTextUser):
 
     def on_start(self) -> None:
         super().on_start()
-        host = (self.host or "").removeprefix("grpc://")
-        if host not in self._streams:
-            channel = grpc.insecure_channel(host, options=[("grpc.max_receive_message_length", 1 << 30)])
-            self._streams[host] = channel.stream_stream(
-                MODEL_STREAM_INFER,
-                request_serializer=None,  # bytes as they are
-                response_deserializer=service_pb2.ModelStreamInferResponse.FromString,
-            )
+        stream = grpc_method(self._streams, (self.host or "").removeprefix("grpc://"), stream=True)
         self._outbox: gevent.queue.Queue = gevent.queue.Queue()
-        self._answers = self._streams[host](iter(self._outbox.get, None), metadata=KEY_METADATA)
+        self._answers = stream(iter(self._outbox.get, None), metadata=KEY_METADATA)
         self._infer = self._stream_infer
 
     def on_stop(self) -> None:
