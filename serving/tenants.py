@@ -190,12 +190,16 @@ class Tenants:
         """Whether a KServe request of `tenant` must be read for its texts (kserve_shape)."""
         return tenant.texts_per_s > 0
 
-    def priority_problem(self, tenant: Tenant, model: str) -> str | None:
+    def priority_problem(self, tenant: Tenant, model: str, lane: str = "") -> str | None:
         """Why a KServe request to `model` is above its tenant's ceiling (a 403 counted), or None: a tenant
-        capped at ingestion may not call a model's query lane (<model>-query)."""
-        if tenant.max_priority == "query" or not self.priority.enabled or not model.endswith(QUERY_LANE_SUFFIX):
+        capped at ingestion may not call a model's query lane (<model>-query), nor send a query to its streaming
+        model (the request's lane parameter)."""
+        query = model.endswith(QUERY_LANE_SUFFIX) or lane == "query"
+        if tenant.max_priority == "query" or not self.priority.enabled or not query:
             return None
         self.buckets.count(tenant.name, self.front, "403")
+        if lane == "query":
+            return f'tenant {tenant.name!r} may send ingestion only (max_priority), not queries: no lane = "query"'
         return (
             f"tenant {tenant.name!r} may send ingestion only (max_priority), not queries: call "
             f"{model.removesuffix(QUERY_LANE_SUFFIX)!r}, not its query lane {model!r}"

@@ -26,6 +26,7 @@ import logging
 import grpc
 from tritonclient.grpc import service_pb2
 
+from common.contract import LANE_PARAMETER
 from protocol.api_key import GRPC_HEADER, HEADER
 from protocol.kserve_grpc import GRPC_CHANNEL_ARGS, MODEL_INFER
 from serving.log import configure
@@ -53,16 +54,17 @@ class Refused(Exception):
         await context.abort(self.code, str(self), trailing_metadata=trailers)
 
 
-def infer_shape(message: bytes) -> tuple[int, str]:
-    """(inputs[0].shape[0], the model's name) of a ModelInferRequest; one text and no name where it says
-    nothing plain (Triton refuses what it cannot read)."""
+def infer_shape(message: bytes) -> tuple[int, str, str]:
+    """(inputs[0].shape[0], the model's name, its lane parameter) of a ModelInferRequest; one text and no name
+    where it says nothing plain (Triton refuses what it cannot read)."""
     request = service_pb2.ModelInferRequest()
     try:
         request.ParseFromString(message)
     except Exception:  # protobuf's DecodeError: Triton answers it
-        return 1, ""
+        return 1, "", ""
     texts = request.inputs[0].shape[0] if request.inputs and request.inputs[0].shape else 1
-    return max(0, texts), request.model_name
+    lane = request.parameters[LANE_PARAMETER].string_param if LANE_PARAMETER in request.parameters else ""
+    return max(0, texts), request.model_name, lane
 
 
 class Front:
@@ -81,8 +83,8 @@ class Front:
     def admit(self, tenant: Tenant, message: bytes) -> None:
         """Check one inference message of `tenant`: Refused when it may not pass."""
         capped = tenant.max_priority != "query"
-        texts, model = infer_shape(message) if capped or self.tenants.needs_shape(tenant) else (0, "")
-        problem = self.tenants.priority_problem(tenant, model)
+        texts, model, lane = infer_shape(message) if capped or self.tenants.needs_shape(tenant) else (0, "", "")
+        problem = self.tenants.priority_problem(tenant, model, lane)
         if problem:
             raise Refused(grpc.StatusCode.PERMISSION_DENIED, problem)
         wait = self.tenants.admit(tenant, 1, texts)
