@@ -175,7 +175,7 @@ class Coalescer:
                 try:
                     outputs = await self.link.infer(
                         self.model, inputs, self.outputs, self.max_texts, self.max_bytes, len(batch), ids, trace,
-                        self.parameters or None, _latest(batch),
+                        parameters=self.parameters or None, timeout_s=_latest(batch),
                     )  # fmt: skip
                 finally:  # this call's time, before any retry below adds its own
                     for request in batch:
