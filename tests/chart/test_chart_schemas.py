@@ -126,7 +126,12 @@ def test_values_schema_refuses_bad_values(chart):
         ({"settings": {"toml": "[model\n"}}, "not valid TOML"),
         # The default settings (BERT-base, 8 GPU stubs, the query lane's 1 and the streaming model's 2): 10 s of
         # drain, then Triton's 10 + 11 x 2 s.
-        ({"terminationGracePeriodSeconds": 42}, "terminationGracePeriodSeconds (42) must exceed 42 s"),
+        (
+            {"terminationGracePeriodSeconds": 42},
+            "terminationGracePeriodSeconds (42) must exceed 42 s: the launcher serves until quiet for up to"
+            " server.exit_timeout_s (10), then Triton has its exit timeout (32: as long again, plus"
+            " server.unload_s_per_stub for each of 11 Python stubs)",
+        ),
     ],
 )
 def test_inconsistent_values_fail_with_a_reason(chart, values, message):

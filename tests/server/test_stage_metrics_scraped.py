@@ -56,7 +56,8 @@ def test_stage_metrics_on_the_metrics_port(topology_server, exported, settings):
     # onnxruntime_cpu pads each chunk to its longest sequence: computed tokens >= real ones.
     padded = delta("bert_encoder_padded_tokens_total", model=encoding)
     assert tokens <= padded <= len(texts) * max(len(tokenizer.encode(t).ids) for t in texts)
-    labels = re.search(r"^bert_encoder_real_tokens_total{(.*)}", after, flags=re.M).group(1)
+    # The model's own series: the query lane's (ensemble-query) may come first in the page.
+    labels = re.search(rf'^bert_encoder_real_tokens_total{{(.*model="{encoding}".*)}}', after, flags=re.M).group(1)
     assert f'model_instance="{encoding}_0_0"' in labels
     # Buckets by powers of two up to the model's max_batch_size, cumulative, as a Prometheus histogram's.
     bounds = re.findall(rf'^bert_encoder_sequences_per_execute_bucket{{.*le="([^"]+)".*model="{encoding}"', after, re.M)

@@ -241,7 +241,7 @@ Checks across values that the schema cannot express.
 {{- fail (printf "autoscaling.gpu.targetAverageUtilization needs GPUs: engine.kind %q in settings.toml uses none" $s.engineKind) }}
 {{- end }}
 {{- if le (int $s.gracePeriodS) (add $s.exitTimeoutS $s.tritonExitTimeoutS) }}
-{{- fail (printf "terminationGracePeriodSeconds (%d) must exceed %d s: the launcher serves until quiet for up to server.exit_timeout_s (%d), then Triton has its exit timeout (%d: as long again, plus server.unload_s_per_stub for each of %d Python stubs); 0 sizes it so" (int $s.gracePeriodS) (add $s.exitTimeoutS $s.tritonExitTimeoutS) $s.exitTimeoutS $s.tritonExitTimeoutS (int $s.pythonStubs)) }}
+{{- fail (printf "terminationGracePeriodSeconds (%d) must exceed %d s: the launcher serves until quiet for up to server.exit_timeout_s (%d), then Triton has its exit timeout (%d: as long again, plus server.unload_s_per_stub for each of %d Python stubs); 0 sizes it so" (int $s.gracePeriodS) (int (add $s.exitTimeoutS $s.tritonExitTimeoutS)) (int $s.exitTimeoutS) (int $s.tritonExitTimeoutS) (int $s.pythonStubs)) }}
 {{- end }}
 {{- if and .Values.tenants.existingSecret (not .Values.apiKey.secret) }}
 {{- fail "tenants.existingSecret needs apiKey.secret: the probes' inference sends that key (tenant \"default\")" }}
