@@ -82,7 +82,10 @@ class StubWatchdog:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self.check()
+            try:
+                self.check()
+            except Exception as exc:  # a dead watchdog thread would leave every later stub death unmended
+                self.log(f"watchdog: a check failed ({exc!r}); polling on")
 
     def _live(self) -> Counter:
         found = stubs(self.server_pid)
