@@ -191,9 +191,12 @@ class Supervisor:
                 self.canary.stop()
                 self.canary = None
             server.reap()
-            log.info(f"tritonserver exited with {describe_exit(code)}")
-            if self.draining:
-                return exit_status(code)
+            if server.left_a_dead_version:
+                log.info("tritonserver stopped by the drain: nothing but a dead stub's model version was left")
+            else:
+                log.info(f"tritonserver exited with {describe_exit(code)}")
+            if self.draining:  # a drain that left tritonserver nothing but a dead stub's version is a clean stop
+                return 0 if server.left_a_dead_version else exit_status(code)
             delay = self.restarts.record()
             if delay is None:
                 deaths, window = len(self.restarts.recent), settings.restart_window_s

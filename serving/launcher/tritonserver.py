@@ -52,17 +52,23 @@ def between_steps(steps: list[str], counts: dict[str, tuple[int, int]]) -> int:
     return sum(counts.get(a, zero)[0] - sum(counts.get(b, zero)) for a, b in itertools.pairwise(steps))
 
 
-def ensemble_steps(repository: Path) -> list[list[str]]:
-    """The step models of every Triton ensemble in the repository, each in data-path order."""
+def model_configs(repository: Path) -> list:
+    """Every model's config.pbtxt in the repository, parsed (ModelConfig messages), by model name."""
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2 as mc
 
-    found = []
-    for path in sorted(repository.glob("*/config.pbtxt")):
-        config = text_format.Parse(path.read_text(), mc.ModelConfig())
-        if config.platform == "ensemble":
-            found.append([step.model_name for step in config.ensemble_scheduling.step])
-    return found
+    return [text_format.Parse(path.read_text(), mc.ModelConfig()) for path in sorted(repository.glob("*/config.pbtxt"))]
+
+
+def ensemble_steps(repository: Path) -> list[list[str]]:
+    """The step models of every Triton ensemble in the repository, each in data-path order."""
+    configs = model_configs(repository)
+    return [[step.model_name for step in c.ensemble_scheduling.step] for c in configs if c.platform == "ensemble"]
+
+
+def decoupled_models(repository: Path) -> set[str]:
+    """The repository's decoupled models (the `<model>-stream`s)."""
+    return {config.name for config in model_configs(repository) if config.model_transaction_policy.decoupled}
 
 
 class TritonServer:
@@ -95,6 +101,7 @@ class TritonServer:
         self.stub_restarts: Counter = Counter()  # per model, over every tritonserver this object ran
         self.regions: set[str] = set()  # shared-memory regions of this tritonserver's stubs (the watchdog adds more)
         self.started = False  # this tritonserver came up (and the watchdog runs)
+        self.left_a_dead_version = False  # the drain killed it: only a dead stub's version was left (shut_down)
         self._shutting_down = threading.Lock()  # held by the one shut_down() that runs
 
     @property
@@ -155,7 +162,7 @@ class TritonServer:
             require_free_port(host, port, setting)
 
     def start(self, timeout_s: float = 180.0) -> TritonServer:
-        self.started = False
+        self.started = self.left_a_dead_version = False
         self._shutting_down = threading.Lock()
         command, env = self.command()
         self.check_ports()
@@ -264,12 +271,42 @@ class TritonServer:
             # Triton has its exit timeout to finish; one that crashed in its own shutdown can hang in its signal
             # handler (seen: SIGSEGV and SIGABRT after "Exit timeout expired"), so it gets SIGKILL after that.
             try:
-                code = self.process.wait(timeout=exit_s + 10)
+                code = self._wait_for_exit(exit_s + 10)
                 took = time.monotonic() - signalled
-                log.info(f"tritonserver exited {took:.1f} s after SIGTERM (exit code {code})")
+                how = "killed: nothing but a dead stub's version left" if code is None else f"exit code {code}"
+                log.info(f"tritonserver exited {took:.1f} s after SIGTERM ({how})")
             except subprocess.TimeoutExpired:
                 log.warning("tritonserver did not exit after SIGTERM; killing it")
                 self.process.kill()
+
+    def _wait_for_exit(self, timeout_s: float, stubless_s: float = 1.0) -> int | None:
+        """tritonserver's exit code after SIGTERM; None when it was left only the version of a decoupled model whose
+        stub died and the watchdog replaced, and so was killed (self.left_a_dead_version).
+
+        Tritonserver 2.51 never unloads such a version once requests reached its dead stub: their response
+        factories, which the stub alone would have released, hold it (seen on the CPU: a stub killed idle stops with
+        exit 0; one sent requests after its death, exit 1 at the exit timeout). Once every stub has exited, that
+        version, which has no process and no request, is all that tritonserver still waits for."""
+        watchdog = self.watchdog
+        restarted = {restart.model for restart in watchdog.restarts} if watchdog else set()
+        if not restarted & decoupled_models(self.repository):
+            return self.process.wait(timeout=timeout_s)
+        deadline, stubless_since = time.monotonic() + timeout_s, None
+        while (code := self.process.poll()) is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.process.args, timeout_s)
+            if stubs(self.process.pid):
+                stubless_since = None
+            elif stubless_since is None:
+                stubless_since = time.monotonic()
+            elif time.monotonic() - stubless_since >= stubless_s:
+                log.info("drain: every stub has exited, tritonserver waits for a dead stub's version only: SIGKILL")
+                self.left_a_dead_version = True
+                self.process.kill()
+                self.process.wait()
+                return None
+            time.sleep(0.1)
+        return code
 
     def _get_json(self, path: str) -> dict | None:
         try:
