@@ -5,7 +5,8 @@ settings' model repository from the export, starts the real tritonserver on it, 
 corpus texts (loadtest/corpus.txt) and records per load shape (texts per request x requests in flight):
 throughput, p50/p90/p99 latency, where the time went per model (Triton's statistics: queue, compute
 input, infer, output, mean batch), the CPU microseconds per request of each process kind (tritonserver,
-each model's stubs, perf_analyzer; /proc) and the GPU's utilization, memory, power and clock (NVML).
+each model's stubs, perf_analyzer; /proc), tritonserver's busiest threads (does one core cap it?) and the
+GPU's utilization, memory, power and clock (NVML).
 --profile samples one stub of the given model with py-spy during the last shape. Writes e2e_bench.json
 into --out after each server.
 """
@@ -160,6 +161,7 @@ def sweep(settings: Settings, args, work: Path, texts: list[str]) -> dict:
         model = args.model
         for texts, concurrency in shapes:
             before, cpu_before = model_stats(stats_client), process_cpu.snapshot(server_pid)
+            threads_before = process_cpu.thread_cpu_s(server_pid)
             profile = None
             if args.profile and (texts, concurrency) == shapes[-1]:
                 profile = py_spy_profile(server_pid, args.profile, 10, args.out, args.profile_idle)
@@ -169,6 +171,9 @@ def sweep(settings: Settings, args, work: Path, texts: list[str]) -> dict:
                     work / f"{model}-{texts}x{concurrency}.csv", streaming=model.endswith(STREAM_SUFFIX),
                 )  # fmt: skip
             cpu_after, after = process_cpu.snapshot(server_pid), model_stats(stats_client)
+            row["tritonserver_threads"] = process_cpu.busiest_threads(
+                threads_before, process_cpu.thread_cpu_s(server_pid), cpu_after["wall"] - cpu_before["wall"]
+            )
             row["stages"] = stage_breakdown(before, after)
             requests = row["stages"].get(model, {}).get("requests", 0)
             row["cpu"] = process_cpu.per_request(cpu_before, cpu_after, requests)
@@ -186,7 +191,8 @@ def sweep(settings: Settings, args, work: Path, texts: list[str]) -> dict:
             print(
                 f"{settings.path.name:28s} {model:12s} {texts}x{concurrency:<4d} "
                 f"{row['inferences_per_s']:9.1f} texts/s  p50 {row['p50_ms']:6.2f} p99 {row['p99_ms']:6.2f} ms  "
-                f"server CPU {row['server_cpu_us_per_request']:6.1f} us/req  GPU {util}%",
+                f"server CPU {row['server_cpu_us_per_request']:6.1f} us/req  GPU {util}%  "
+                f"busiest tritonserver thread {row['tritonserver_threads'][0]['cores_busy']} cores",
                 flush=True,
             )
     return {

@@ -46,6 +46,28 @@ def snapshot(server_pid: int, others: dict[str, list[int]] | None = None) -> dic
     return cpu
 
 
+def thread_cpu_s(pid: int, proc: Path = Path("/proc")) -> dict[int, tuple[str, float]]:
+    """{thread id: (its name, utime + stime in seconds)} of every live thread of `pid`."""
+    threads = {}
+    for task in (proc / str(pid) / "task").glob("[0-9]*"):
+        try:
+            name = (task / "comm").read_text().strip()
+        except OSError:
+            continue
+        threads[int(task.name)] = (name, process_cpu_s(int(task.name), task.parent))
+    return threads
+
+
+def busiest_threads(before: dict, after: dict, wall_s: float, top: int = 5) -> list[dict]:
+    """The `top` threads by cores busy between two thread_cpu_s snapshots taken `wall_s` apart: whether one
+    thread (one core) is what caps a process that is not busy as a whole."""
+    busy = [
+        {"tid": tid, "name": name, "cores_busy": round((cpu - before.get(tid, (name, 0.0))[1]) / wall_s, 2)}
+        for tid, (name, cpu) in after.items()
+    ]
+    return sorted(busy, key=lambda thread: -thread["cores_busy"])[:top]
+
+
 def per_request(before: dict[str, float], after: dict[str, float], requests: int) -> dict:
     """Cores busy and CPU microseconds per request of each kind between two snapshots."""
     wall = after["wall"] - before["wall"]

@@ -1,4 +1,4 @@
-"""serving/launcher/procfs.py and shm.py on real processes and a real /dev/shm: finding a parent's children,
+"""serving/launcher/procfs.py, shm.py and bench/process_cpu.py on real processes and a real /dev/shm: finding a parent's children,
 their CPU time, and which Python-backend shared-memory regions are orphans (the watchdog and the launcher's
 clean-up run against the real tritonserver in tests/server/test_reliability.py and test_image_launcher.py)."""
 
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.process_cpu import busiest_threads, thread_cpu_s
 from serving.launcher.procfs import child_processes, process_cpu_s
 from serving.launcher.shm import SHM_REGION_PREFIX, mapped_files, remove_orphaned_shm, remove_regions
 
@@ -59,6 +60,33 @@ def test_process_cpu_counts_busy_time_and_is_zero_for_the_gone():
         busy.kill()
         busy.wait()
     assert process_cpu_s(busy.pid) == 0.0
+
+
+BUSY_THREAD = """
+import threading, time
+def spin():
+    while True:
+        pass
+busy = threading.Thread(target=spin, daemon=True)
+busy.start()
+print(busy.native_id, flush=True)
+time.sleep(30)
+"""
+
+
+def test_busiest_threads_names_the_one_thread_that_spins():
+    process = subprocess.Popen([sys.executable, "-c", BUSY_THREAD], stdout=subprocess.PIPE, text=True)
+    try:
+        spinning = int(process.stdout.readline())
+        before, start = thread_cpu_s(process.pid), time.monotonic()
+        time.sleep(1.0)
+        threads = busiest_threads(before, thread_cpu_s(process.pid), time.monotonic() - start)
+        assert threads[0]["tid"] == spinning
+        assert threads[0]["cores_busy"] >= 0.5
+        assert all(thread["cores_busy"] < 0.2 for thread in threads[1:])  # the main thread sleeps
+    finally:
+        process.kill()
+        process.wait()
 
 
 def region(age_s: float) -> Path:
