@@ -354,11 +354,14 @@ def run(
     finally:
         for load in loads.values():
             load.stop()
+        stopping = time.monotonic()
         launcher.terminate()
-        try:
-            launcher.process.wait(timeout=settings.server.exit_timeout_s + deployment.triton_exit_timeout_s + 20)
+        try:  # after the last phase (a stub kill): does the drain still end clean with a replaced stub?
+            code = launcher.process.wait(timeout=settings.server.exit_timeout_s + deployment.triton_exit_timeout_s + 20)
         except subprocess.TimeoutExpired:
             launcher.kill()
+            code = None
+        final_stop = {"launcher_exit_code": code, "drain_s": round(time.monotonic() - stopping, 3)}
     for name, phase in phases.items():
         start, end = phase.pop("start"), phase.pop("end")
         per_model = {served: load.tally(name, start, end) for served, load in loads.items()}
@@ -375,6 +378,7 @@ def run(
         "bad_request_share": f"1 in {Load.bad_every} (a text of max_text_bytes + 1 bytes)",
         "wall_s": round(time.monotonic() - started, 1),
         "phases": phases,
+        "final_stop": final_stop,
         "total": total,
         "refusal_examples": {served: load.examples for served, load in loads.items()},
     }
@@ -415,6 +419,8 @@ def print_table(result: dict) -> None:
         f"total: {total['sent']} sent, {total['succeeded']} succeeded, good refused {total['refused']}, "
         f"bad answered {total['bad']}, {total['lost']} lost"
     )
+    stop = result["final_stop"]
+    print(f"final SIGTERM after the last phase: exit {stop['launcher_exit_code']} in {stop['drain_s']:.2f} s")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -432,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args.settings, repository, args.out, args.users, args.phase_seconds, args.api_users)
     (args.out / "reliability.json").write_text(json.dumps(result, indent=2) + "\n")
     print_table(result)
-    return 0 if held(result["total"]) else 1
+    return 0 if held(result["total"]) and result["final_stop"]["launcher_exit_code"] == 0 else 1
 
 
 def held(total: dict) -> bool:

@@ -66,11 +66,6 @@ def ensemble_steps(repository: Path) -> list[list[str]]:
     return [[step.model_name for step in c.ensemble_scheduling.step] for c in configs if c.platform == "ensemble"]
 
 
-def decoupled_models(repository: Path) -> set[str]:
-    """The repository's decoupled models (the `<model>-stream`s)."""
-    return {config.name for config in model_configs(repository) if config.model_transaction_policy.decoupled}
-
-
 class TritonServer:
     """A tritonserver child process; `with TritonServer(...) as server:` waits until the ensemble is ready.
 
@@ -279,28 +274,29 @@ class TritonServer:
                 log.warning("tritonserver did not exit after SIGTERM; killing it")
                 self.process.kill()
 
-    def _wait_for_exit(self, timeout_s: float, stubless_s: float = 1.0) -> int | None:
-        """tritonserver's exit code after SIGTERM; None when it was left only the version of a decoupled model whose
-        stub died and the watchdog replaced, and so was killed (self.left_a_dead_version).
+    def _wait_for_exit(self, timeout_s: float, settled_s: float = 1.0) -> int | None:
+        """tritonserver's exit code after SIGTERM; None when all it had left were model versions the watchdog
+        replaced, and so it was killed (self.left_a_dead_version).
 
         Tritonserver 2.51 never unloads such a version once requests reached its dead stub: their response
-        factories, which the stub alone would have released, hold it (seen on the CPU: a stub killed idle stops with
-        exit 0; one sent requests after its death, exit 1 at the exit timeout). Once every stub has exited, that
-        version, which has no process and no request, is all that tritonserver still waits for."""
-        watchdog = self.watchdog
-        restarted = {restart.model for restart in watchdog.restarts} if watchdog else set()
-        if not restarted & decoupled_models(self.repository):
+        factories, which that stub alone would have released, hold it, and the version's other stubs live on
+        (seen on the CPU and the H200, unary and streaming models alike: a stub killed idle stops with exit 0; one
+        sent requests after its death, exit 1 at the exit timeout). Tritonserver finishes the requests in flight
+        before it unloads any model, so once no stub but such a version's has been alive for settled_s, what it
+        still waits for serves nothing."""
+        if not (self.watchdog and self.watchdog.restarts):
             return self.process.wait(timeout=timeout_s)
-        deadline, stubless_since = time.monotonic() + timeout_s, None
+        replaced = self.watchdog.replaced_stubs()
+        deadline, settled_since = time.monotonic() + timeout_s, None
         while (code := self.process.poll()) is None:
             if time.monotonic() > deadline:
                 raise subprocess.TimeoutExpired(self.process.args, timeout_s)
-            if stubs(self.process.pid):
-                stubless_since = None
-            elif stubless_since is None:
-                stubless_since = time.monotonic()
-            elif time.monotonic() - stubless_since >= stubless_s:
-                log.info("drain: every stub has exited, tritonserver waits for a dead stub's version only: SIGKILL")
+            if set(stubs(self.process.pid)) - replaced:
+                settled_since = None
+            elif settled_since is None:
+                settled_since = time.monotonic()
+            elif time.monotonic() - settled_since >= settled_s:
+                log.info("drain: tritonserver waits only for model versions the watchdog replaced: SIGKILL")
                 self.left_a_dead_version = True
                 self.process.kill()
                 self.process.wait()

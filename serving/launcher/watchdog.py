@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from serving.launcher.procfs import stubs
+from serving.launcher.procfs import Stub, stubs
 
 # A config parameter the stages ignore; bumping it is what makes Triton reload the model.
 GENERATION_PARAMETER = "watchdog_generation"
@@ -35,6 +35,7 @@ class Restart:
     detected_at: float  # time.time()
     live: int
     expected: int
+    replaced: frozenset[Stub] = frozenset()  # the model's stubs alive when the death was seen (the old version's)
     recovered_at: float | None = None
     error: str | None = None
 
@@ -62,7 +63,7 @@ class StubWatchdog:
 
     def start(self) -> StubWatchdog:
         """Call once every model is loaded: the stubs alive now are the count each model must keep."""
-        self.expected = self._live()
+        self.expected = Counter(stub.model for stub in self._live())
         self._thread = threading.Thread(target=self._run, name="stub-watchdog", daemon=True)
         self._thread.start()
         return self
@@ -87,20 +88,28 @@ class StubWatchdog:
             except Exception as exc:  # a dead watchdog thread would leave every later stub death unmended
                 self.log(f"watchdog: a check failed ({exc!r}); polling on")
 
-    def _live(self) -> Counter:
+    def replaced_stubs(self) -> set[Stub]:
+        """Stubs of model versions the watchdog replaced that were still alive then. Tritonserver 2.51 never
+        unloads a version once requests reached its dead stub (their response factories, which that stub alone
+        would have released, hold it), so these live on, serving nothing, until tritonserver exits."""
+        return {stub for restart in self.restarts for stub in restart.replaced}
+
+    def _live(self) -> list[Stub]:
         found = stubs(self.server_pid)
         self.regions.update(stub.region for stub in found)
-        return Counter(stub.model for stub in found)
+        return found
 
     def check(self) -> None:
-        live = self._live()
+        found = self._live()
+        live = Counter(stub.model for stub in found)
         for model, expected in self.expected.items():
             if live[model] >= expected and model not in self._down:
                 continue
             with self._lock:
                 restart = self._down.get(model)
                 if restart is None:
-                    restart = self._down[model] = Restart(model, time.time(), live[model], expected)
+                    survivors = frozenset(stub for stub in found if stub.model == model)
+                    restart = self._down[model] = Restart(model, time.time(), live[model], expected, survivors)
                     self.log(f"watchdog: {model} has {live[model]} of {expected} stubs alive; reloading it")
             if self._stop.is_set():
                 return
@@ -110,7 +119,7 @@ class StubWatchdog:
                 restart.error = str(exc)[:300]
                 self.log(f"watchdog: reloading {model} failed: {restart.error}")
                 continue
-            if self._live()[model] >= expected:
+            if sum(stub.model == model for stub in self._live()) >= expected:
                 restart.recovered_at = time.time()
                 with self._lock:
                     del self._down[model]

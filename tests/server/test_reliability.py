@@ -87,6 +87,7 @@ def test_faults_under_load_lose_nothing_and_recover(settings, exported, tmp_path
         assert event["stubs_after"] == event["stubs_expected"], event
     restart = phases["restart"]["event"]
     assert restart["launcher_exit_code"] == 0 and restart["drain_s"] < 2 * 3 + 5
+    assert result["final_stop"]["launcher_exit_code"] == 0, result["final_stop"]  # after a stub was replaced
 
 
 @pytest.mark.parametrize("stop", ["terminate", "interrupt"])
