@@ -1,6 +1,8 @@
 """One gRPC stream (ModelStreamInfer) of a TextClient(stream=True) to a `<model>-stream`: each call one request
 on it, matched back by its id, since a stream answers in any order (tritonclient's own stream callback drops the
-id of an error, so this uses grpc directly). The stream opens with the first call, and again after it ends."""
+id of an error, so this uses grpc directly). The stream opens with the first call, and again after it ends. An
+answer that a stub of the model died fails the calls to it sent earlier, which that stub may hold and tritonserver
+2.51 never answers: each is retryable, so TextClient sends it again within its deadline."""
 
 from __future__ import annotations
 
@@ -14,7 +16,14 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import grpc
 from tritonclient.grpc import service_pb2
 
-from protocol.kserve_grpc import GRPC_CHANNEL_ARGS, MODEL_STREAM_INFER, decode_infer_response, tensors_infer_request
+from protocol.kserve_grpc import (
+    GRPC_CHANNEL_ARGS,
+    MODEL_STREAM_INFER,
+    STUB_DIED,
+    TRANSIENT_MESSAGES,
+    decode_infer_response,
+    tensors_infer_request,
+)
 
 
 class StreamError(Exception):
@@ -32,7 +41,7 @@ class TextStream:
         self._metadata = tuple(metadata) or None
         self._lock = threading.Lock()
         self._outbox: queue.SimpleQueue | None = None
-        self._owed: dict[str, Future] = {}
+        self._owed: dict[str, tuple[Future, str]] = {}  # by request id (its number in the count): answer, model
         self._ids = itertools.count()
 
     def _open(self) -> queue.SimpleQueue:
@@ -48,11 +57,15 @@ class TextStream:
         reason = "the stream ended"
         try:
             for answer in answers:
-                owed = self._owed.pop(answer.infer_response.id, None)
+                request_id = answer.infer_response.id
+                owed, model = self._owed.pop(request_id, (None, ""))
                 if owed is None:
                     continue  # its caller gave up waiting
-                if answer.error_message:
-                    owed.set_exception(StreamError(answer.error_message))
+                if answer.error_message:  # "not now" answers are retryable, as a unary call's are (is_retryable)
+                    transient = any(text in answer.error_message for text in TRANSIENT_MESSAGES)
+                    owed.set_exception((ConnectionError if transient else StreamError)(answer.error_message))
+                    if STUB_DIED in answer.error_message:
+                        self._fail_held(model, int(request_id), answer.error_message)
                 else:
                     owed.set_result(decode_infer_response(answer.infer_response))
         except grpc.RpcError as exc:
@@ -62,16 +75,22 @@ class TextStream:
                 if self._outbox is outbox:
                     self._outbox = None
             for request_id in list(self._owed):
-                owed = self._owed.pop(request_id, None)
+                owed, _ = self._owed.pop(request_id, (None, ""))
                 if owed is not None and not owed.done():
                     owed.set_exception(ConnectionError(reason))  # retryable: the call is sent again
 
+    def _fail_held(self, model: str, before: int, why: str) -> None:
+        for request_id, (owed, owed_model) in list(self._owed.items()):
+            if owed_model == model and int(request_id) < before and self._owed.pop(request_id, None) is not None:
+                owed.set_exception(ConnectionError(f"{why} (a stub of {model} died, and may have held this call)"))
+
     def infer(self, model: str, inputs: dict, parameters: dict | None, timeout_s: float) -> dict:
         """The outputs of one request of BYTES rows by input name; StreamError for the model's refusal,
-        TimeoutError past timeout_s, ConnectionError when the stream ended under it."""
+        TimeoutError past timeout_s, ConnectionError when the stream ended under it, a stub died or the model is
+        being reloaded."""
         request_id = str(next(self._ids))
         owed: Future = Future()
-        self._owed[request_id] = owed
+        self._owed[request_id] = (owed, model)
         self._open().put(tensors_infer_request(model, inputs, (), request_id, parameters))
         try:
             return owed.result(timeout=timeout_s)

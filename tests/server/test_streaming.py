@@ -4,6 +4,7 @@ calls the streaming model and, when its stub is killed, the unary one, and SIGTE
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import queue
@@ -194,6 +195,41 @@ def test_a_killed_stream_stub_fails_over_to_the_unary_model_and_comes_back(own_l
     launcher.terminate()
     assert launcher.process.wait(timeout=90) == 0, watchdog_report(launcher)
     assert time.monotonic() - stopping < 15, watchdog_report(launcher)
+
+
+def test_calls_a_killed_stream_stub_held_are_retried_at_once(own_launcher):
+    """Tritonserver 2.51 neither answers nor fails what a stream stub held when it died: the API front's and
+    TextClient(stream=True)'s next call that finds the dead stub fails every call sent before it, and each is sent
+    again, long before api.timeout_s (60 s) or the client's deadline."""
+    from client import TextClient
+
+    launcher = own_launcher
+    url = f"http://127.0.0.1:{launcher.ports.api}/v1/embeddings"
+    heavy = [" ".join(["held"] * 250)] * 32
+    (stub,) = launcher.stub_pids(STREAM)
+    before = executions(launcher)
+
+    def timed(call, *args) -> tuple[object, float]:
+        started = time.monotonic()
+        return call(*args), time.monotonic() - started
+
+    def post(texts: list[str]) -> int:
+        return requests.post(url, json={"model": "all-MiniLM-L6-v2", "input": texts}, timeout=120).status_code
+
+    client = TextClient(f"127.0.0.1:{launcher.ports.grpc}", stream=True, timeout_s=120)
+    with client, concurrent.futures.ThreadPoolExecutor(8) as pool:
+        held = [pool.submit(timed, post, heavy) for _ in range(4)]
+        held += [pool.submit(timed, client.embed, heavy) for _ in range(2)]
+        time.sleep(1.0)  # the stub has taken them: the first batch is running, the rest wait in its queue
+        os.kill(stub, signal.SIGKILL)
+        time.sleep(0.5)
+        assert post(["A text that finds the dead stub."]) == 200
+        assert client.embed(["A text that finds it too."]).shape == (1, 384)
+        answers = [future.result() for future in held]
+    assert executions(launcher)[STREAM] - before[STREAM] < 6, "the stub answered them all before it died"
+    assert [answer for answer, _ in answers[:4]] == [200] * 4, answers
+    assert all(vectors.shape == (32, 384) for vectors, _ in answers[4:])
+    assert max(seconds for _, seconds in answers) < 30, [seconds for _, seconds in answers]
 
 
 def test_the_client_library_streams(launcher):
