@@ -1,6 +1,7 @@
-"""serving/launcher/procfs.py, shm.py and bench/process_cpu.py on real processes and a real /dev/shm: finding a parent's children,
-their CPU time, and which Python-backend shared-memory regions are orphans (the watchdog and the launcher's
-clean-up run against the real tritonserver in tests/server/test_reliability.py and test_image_launcher.py)."""
+"""serving/launcher/procfs.py, shm.py and bench/process_cpu.py on real processes and a real /dev/shm: finding a
+parent's children, their CPU time and their busiest threads, and which Python-backend shared-memory regions are
+orphans (the watchdog and the launcher's clean-up run against the real tritonserver in
+tests/server/test_reliability.py and test_image_launcher.py)."""
 
 from __future__ import annotations
 
