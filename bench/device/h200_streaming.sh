@@ -6,7 +6,7 @@
 # stub's CPU, GPU memory after. PART=api instead runs bench.api_cost (perf_analyzer as the load generator):
 # /v1/embeddings over the streaming model against direct unary gRPC and streams, at CONCURRENCY, then with
 # `--set stream.enabled=false` (the front over unary calls, as before the streaming model) when BEFORE=1.
-# SET: more --set overrides for both (e.g. "stream.instances=2"); ENGINE=0 skips the engine's figure, MODELS names
+# SET: more --set overrides for both (e.g. "stream.instances=2"); ENGINE=0 skips the engine's figure (either PART), MODELS names
 # the models to measure (default: ensemble-stream ensemble); LOCUST="grpc-stream grpc" then runs python -m loadtest
 # (the settings' bar, 4 processes, LOCUST_DURATION) once per protocol on the same server. Run from the repo root with .kit carried.
 OUT=${OUT:-/tmp/h200_streaming}
@@ -20,7 +20,7 @@ for override in ${SET:-}; do SET_FLAGS+=(--set "$override"); done
 if [ ! -f build/models/bert-base-random/model.safetensors ]; then
   export_model "$SETTINGS"
 fi
-if [ "$PART" = grpc ] && [ "${ENGINE:-1}" = 1 ]; then
+if [ "${ENGINE:-1}" = 1 ]; then
   "$IMAGE_PYTHON" -m bench.engine_bench --out "$OUT" --no-baseline --batch-sizes "${ENGINE_BATCHES:-16,64,1024}" 2>&1 \
     | grep "^engine"
 fi
