@@ -1,10 +1,17 @@
 """Embeddings in the precisions Cohere's `embedding_types` and OpenAI's `encoding_format` name, made in the API
 front after pooling (and after `dimensions` truncation): float32 as served, base64 (its little-endian bytes),
-int8/uint8 by each dimension's range over the embeddings calibrated at export (export/calibration.py,
-calibration.npy) cut to the rows' width, and binary/ubinary by sign, eight dimensions a byte.
+int8/uint8 by one symmetric scale, int8_calibrated/uint8_calibrated by each dimension's range, and binary/ubinary
+by sign, eight dimensions a byte.
 
-The bytes are sentence-transformers' `quantize_embeddings` for the same ranges: the same expressions in the same
-dtypes (float32 arithmetic, floor, clip, packbits), so an index built offline with it matches what is served.
+int8 is round(value * 127 / m), clipped to +-127, where m is the largest |value| of the embeddings calibrated at
+export (export/calibration.py, calibration.npy) cut to the rows' width; uint8 is that int8 + 128. No offset: the
+dot product of two int8 rows is their float dot product times (127 / m)^2, so int8 rows rank pairs as the floats
+do by dot product and by cosine (a Spearman of 0.9998+ on MiniLM, docs/results/cpu-2026-12-04/int8/), and a uint8
+row ranks so once 128 is taken off. The _calibrated forms are sentence-transformers' `quantize_embeddings` for
+the calibration's ranges, 256 buckets between each dimension's min and max (the same expressions in the same
+dtypes: float32 arithmetic, floor, clip, packbits), so an index built offline with it matches what is served;
+their per-dimension offsets make raw dot products rank pairs far from the floats (~0.8). binary/ubinary are
+`quantize_embeddings`' bytes too.
 """
 
 from __future__ import annotations
@@ -17,8 +24,9 @@ import numpy as np
 from common.contract import CALIBRATION_FILE
 
 FLOATS = ("float", "base64")
-QUANTIZED = ("int8", "uint8", "binary", "ubinary")
-CALIBRATED = ("int8", "uint8")  # these need the model's ranges; binary needs only the sign
+QUANTIZED = ("int8", "uint8", "binary", "ubinary", "int8_calibrated", "uint8_calibrated")
+CALIBRATED = ("int8", "uint8", "int8_calibrated", "uint8_calibrated")  # these need the ranges; binary, the sign
+SYMMETRIC_MAX = 127  # +-127, not -128: a row and its negation quantize to each other's negation
 
 
 class Calibration:
@@ -45,15 +53,24 @@ class Calibration:
         return self._ranges[width]
 
 
+def symmetric_scale(ranges: np.ndarray) -> np.float32:
+    """127 over the largest |value| the ranges hold: that of the calibration rows of their width."""
+    return np.float32(SYMMETRIC_MAX) / np.abs(ranges.astype(np.float32, copy=False)).max()
+
+
 def quantize(embeddings: np.ndarray, precision: str, ranges: np.ndarray | None = None) -> np.ndarray:
-    """float32 rows as int8, uint8 (by `ranges` of the rows' width), binary or ubinary."""
-    if precision in CALIBRATED:
+    """float32 rows as int8, uint8, int8_calibrated, uint8_calibrated (by `ranges` of the rows' width), binary or
+    ubinary."""
+    if precision in ("int8", "uint8"):
+        scaled = np.clip(np.rint(embeddings * symmetric_scale(ranges)), -SYMMETRIC_MAX, SYMMETRIC_MAX)
+        return (scaled + 128).astype(np.uint8) if precision == "uint8" else scaled.astype(np.int8)
+    if precision in ("int8_calibrated", "uint8_calibrated"):
         ranges = ranges.astype(np.float32, copy=False)
         starts = ranges[0, :]
         steps = (ranges[1, :] - starts) / 255
         steps = np.where(steps == 0, 1, steps)  # a constant dimension: every value in the first bucket
         buckets = np.clip(np.floor((embeddings - starts) / steps), 0, 255)
-        return buckets.astype(np.uint8) if precision == "uint8" else (buckets - 128).astype(np.int8)
+        return buckets.astype(np.uint8) if precision == "uint8_calibrated" else (buckets - 128).astype(np.int8)
     packed = np.packbits(embeddings > 0, axis=-1)
     if precision == "ubinary":
         return packed

@@ -1,6 +1,7 @@
-"""serving/api/quantization.py against sentence-transformers' quantize_embeddings: the same bytes and dtypes for
-every precision, on values at and beyond the buckets' edges, for widths that are not a multiple of 8 and for
-Matryoshka-truncated rows (the ranges of the calibration rows cut and renormalized alike)."""
+"""serving/api/quantization.py: int8/uint8 one symmetric scale from the calibration (127 over its largest |value|
+at the rows' width, no offset), the _calibrated forms and binary/ubinary sentence-transformers' quantize_embeddings
+bytes and dtypes, on values at and beyond the buckets' edges, for widths that are not a multiple of 8 and for
+Matryoshka-truncated rows (the calibration rows cut and renormalized alike)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import numpy as np
 import pytest
 from sentence_transformers.util.quantization import quantize_embeddings
 
-from serving.api.quantization import QUANTIZED, Calibration, encoded_rows, quantize
+from serving.api.quantization import Calibration, encoded_rows, quantize, symmetric_scale
+
+LIBRARY_FORMS = {"int8_calibrated": "int8", "uint8_calibrated": "uint8", "binary": "binary", "ubinary": "ubinary"}
 
 
 def unit_rows(rows: int, width: int, seed: int) -> np.ndarray:
@@ -37,32 +40,66 @@ def embeddings(ranges) -> np.ndarray:
     return rows.astype(np.float32)
 
 
-@pytest.mark.parametrize("precision", QUANTIZED)
-def test_every_precision_gives_sentence_transformers_bytes(embeddings, ranges, precision):
+@pytest.mark.parametrize("precision", LIBRARY_FORMS)
+def test_calibrated_and_binary_forms_give_sentence_transformers_bytes(embeddings, ranges, precision):
     ours = quantize(embeddings, precision, ranges)
-    theirs = quantize_embeddings(embeddings, precision=precision, ranges=ranges)
+    theirs = quantize_embeddings(embeddings, precision=LIBRARY_FORMS[precision], ranges=ranges)
     assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
     assert ours.tobytes() == theirs.tobytes()
 
 
-@pytest.mark.parametrize("precision", ["int8", "uint8"])
+def test_int8_is_one_symmetric_scale_from_the_largest_calibrated_value(embeddings, ranges):
+    scale = 127 / np.abs(ranges).max()
+    int8 = quantize(embeddings, "int8", ranges)
+    assert int8.dtype == np.int8 and symmetric_scale(ranges) == np.float32(scale)
+    np.testing.assert_array_equal(int8[4:], np.clip(np.rint(embeddings[4:] * scale), -127, 127))
+    assert (int8[3, :8] == 0).all(), "no offset: 0 is 0"
+    assert np.array_equal(quantize(-embeddings, "int8", ranges), -int8), "a row's negation is its int8's"
+    assert int8[1].max() == 127 and int8[2].min() == -127, "beyond the calibration: clipped at +-127"
+
+
+def test_the_calibration_rows_fill_the_int8_range_unclipped():
+    calibration = Calibration(unit_rows(500, 37, seed=1))
+    scaled = calibration.embeddings * symmetric_scale(calibration.ranges(37))
+    assert np.abs(scaled).max() == pytest.approx(127, rel=1e-6), "the largest |value| is 127, nothing beyond it"
+
+
+def test_uint8_is_the_int8_plus_128(embeddings, ranges):
+    uint8 = quantize(embeddings, "uint8", ranges)
+    assert uint8.dtype == np.uint8
+    np.testing.assert_array_equal(uint8.astype(np.int16) - 128, quantize(embeddings, "int8", ranges))
+
+
+@pytest.mark.parametrize("precision", ["int8_calibrated", "uint8_calibrated"])
 def test_truncated_rows_use_the_calibration_cut_and_renormalized_alike(precision):
     calibration = Calibration(unit_rows(500, 37, seed=1))
     rows = unit_rows(64, 37, seed=2)
     kept = rows[:, :16] / np.linalg.norm(rows[:, :16], axis=1, keepdims=True)
     cut = calibration.embeddings[:, :16] / np.linalg.norm(calibration.embeddings[:, :16], axis=1, keepdims=True)
     ours = quantize(kept, precision, calibration.ranges(16))
-    assert ours.tobytes() == quantize_embeddings(kept, precision=precision, calibration_embeddings=cut).tobytes()
+    library = LIBRARY_FORMS[precision]
+    assert ours.tobytes() == quantize_embeddings(kept, precision=library, calibration_embeddings=cut).tobytes()
     full = quantize(kept, precision, calibration.ranges(37)[:, :16]).astype(np.int16)
-    clipped = np.isin(full, (0, 255) if precision == "uint8" else (-128, 127))
+    clipped = np.isin(full, (0, 255) if library == "uint8" else (-128, 127))
     assert clipped.mean() > 2 * np.isin(ours.astype(np.int16), (0, 255, -128, 127)).mean(), "the full width's clip"
 
 
-def test_float64_ranges_are_read_as_float32(embeddings, ranges):
-    assert (
-        quantize(embeddings, "int8", ranges.astype(np.float64)).tobytes()
-        == quantize(embeddings, "int8", ranges).tobytes()
-    )
+def test_truncated_int8_takes_its_scale_from_the_calibration_cut_alike():
+    calibration = Calibration(unit_rows(500, 37, seed=1))
+    cut = calibration.embeddings[:, :16] / np.linalg.norm(calibration.embeddings[:, :16], axis=1, keepdims=True)
+    rows = unit_rows(64, 37, seed=2)[:, :16]
+    kept = rows / np.linalg.norm(rows, axis=1, keepdims=True)
+    scale = 127 / np.abs(cut).max()
+    assert symmetric_scale(calibration.ranges(16)) == np.float32(scale)
+    int8 = quantize(kept, "int8", calibration.ranges(16))
+    np.testing.assert_array_equal(int8, np.clip(np.rint(kept * np.float32(scale)), -127, 127))
+    assert scale < symmetric_scale(calibration.ranges(37)), "cut rows, renormalized, hold larger values"
+
+
+@pytest.mark.parametrize("precision", ["int8", "uint8", "int8_calibrated", "uint8_calibrated"])
+def test_float64_ranges_are_read_as_float32(embeddings, ranges, precision):
+    as_float64 = quantize(embeddings, precision, ranges.astype(np.float64))
+    assert as_float64.tobytes() == quantize(embeddings, precision, ranges).tobytes()
 
 
 def test_binary_packs_eight_dimensions_a_byte():
