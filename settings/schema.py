@@ -263,8 +263,8 @@ class Settings:
 
     def engine_choice(self) -> EngineChoice:
         """The engine and precision a stage of these settings runs on this machine, "auto" decided as the stage
-        decides it (common/engine_choice.py)."""
-        return choose_engine(self.engine.kind, self.engine.precision, bool(self.encoder.gpus))
+        decides it for the model's task (common/engine_choice.py)."""
+        return choose_engine(self.engine.kind, self.engine.precision, bool(self.encoder.gpus), self.model.task)
 
     @property
     def build_dir(self) -> Path:

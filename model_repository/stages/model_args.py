@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from common.contract import OPTION_PREFIX
+from common.contract import OPTION_PREFIX, ServingSpec
 from common.engine_choice import choose_engine
 
 from .engines import Engine, load_engine
@@ -27,12 +27,14 @@ def instance_count(config: dict) -> int:
 def engine_from_args(args: dict, params: dict, log: Callable[[str], None]) -> Engine:
     """The engine a stage instance runs: kind and options from its config's parameters (engine_kind, precision,
     threads, and the settings' [engine] options as "engine.<name>"), device from the instance; "auto" kind or
-    precision decided here (common/engine_choice.py) and the choice said through `log`."""
+    precision decided here for the task of the version's serving.json (common/engine_choice.py) and the choice said
+    through `log`."""
     device = "cpu"
     if args["model_instance_kind"] == "GPU":
         device = f"cuda:{args['model_instance_device_id']}"
     version_dir = Path(args["model_repository"]) / args["model_version"]
-    choice = choose_engine(params["engine_kind"], params.get("precision", "auto"), device != "cpu")
+    task = ServingSpec.load(version_dir).task
+    choice = choose_engine(params["engine_kind"], params.get("precision", "auto"), device != "cpu", task)
     log(f"{args['model_instance_name']}: {choice.describe()}")
     options = {"precision": choice.precision}
     if "threads" in params:

@@ -1,7 +1,8 @@
 """Task sparse (SPLADE, OpenSearch's neural-sparse doc models) from checkpoint to the stage's outputs: a SparseEncoder
 checkpoint exports as sparse, both CPU engines give what sentence-transformers' SparseEncoder.encode gives on real
-sentences (a BERT SPLADE, relu; a DistilBERT doc model, log1p_relu), whatever the vocabulary chunk, the OpenAI
-Triton segment max agrees with torch under the interpreter, and the stage cuts and pads each request's answer."""
+sentences (a BERT SPLADE, relu; a DistilBERT doc model, log1p_relu), whatever the vocabulary chunk, the precision
+"auto" picks for sparse serves the reference's terms in the reference's order, the OpenAI Triton segment max agrees
+with torch under the interpreter, and the stage cuts and pads each request's answer."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.sparse_bench import top_terms
 from common.contract import SPARSE_HEAD_FILE, SPARSE_INDICES, SPARSE_THRESHOLD, SPARSE_TOP_K, SPARSE_VALUES
+from common.engine_choice import choose_engine
 from common.hf_tokenizer import load_tokenizer
 from export.__main__ import export
 from export.checkpoint import CheckpointError
@@ -99,6 +102,18 @@ def test_any_vocabulary_chunk_gives_the_same_rows(sparse, kind, monkeypatch):
     head = engine.head if kind == "onnxruntime_cpu" else engine.model.head
     monkeypatch.setattr(head, "budget" if kind == "onnxruntime_cpu" else "chunk_floats", 256)
     assert_sparse_encoder_rows(engine.forward(sparse.sequences), sparse.expected)
+
+
+def test_the_default_precision_serves_the_reference_s_terms_in_its_order(sparse):
+    """What engine.kind and precision "auto" serve for task sparse on this CPU (common/engine_choice.py): each text's
+    terms above 1 % of its largest weight are SparseEncoder's, the same set in the same order of weight, but for
+    weights within 1e-5 of each other or of the cut, which fp32 rounding alone orders either way (SparseEncoder at
+    two batch sizes does: bench/sparse_bench.py's TIE)."""
+    choice = choose_engine("auto", "auto", False, "sparse")
+    engine = load_engine(choice.kind, sparse.export_dir, "cpu", {"precision": choice.precision, "threads": "2"})
+    check = top_terms(dense(engine.forward(sparse.sequences), sparse.expected.shape[1]), sparse.expected)
+    assert check["holds_bar"], (choice, check)
+    assert check["top_terms_per_text"] > 10 and check["jaccard_nonzero_min"] == 1.0
 
 
 INTERPRETED = """

@@ -28,7 +28,7 @@ def default_server(exported, tmp_path_factory):
 
 def test_the_default_engine_is_this_machine_s_choice_and_says_so(default_server, sentences, reference_model):
     server, repository = default_server
-    choice = choose_engine("auto", "auto", on_gpu=False)
+    choice = choose_engine("auto", "auto", False, "embedding")
     assert f"ensemble_0_0: {choice.describe()}" in server.log_path.read_text()
     with TextClient(server.grpc_url, "grpc") as client:
         served = client.embed(sentences)

@@ -27,7 +27,7 @@ if HAVE_TRITON:
     def varlen_attn_kernel(
         QKV, OUT, CU, KEYS, TILE_SEQ, TILE_M, BIAS, qk_scale, stride_qkv, stride_o, bias_stride, bias_center,
         HIDDEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        HAS_BIAS: tl.constexpr, WINDOW: tl.constexpr, HAS_KEYS: tl.constexpr,
+        HAS_BIAS: tl.constexpr, WINDOW: tl.constexpr, HAS_KEYS: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ):  # fmt: skip
         """One (query tile, head): softmax(Q K^T * scale + bias) V over its own sequence's keys (and window)."""
         tile = tl.program_id(0)
@@ -62,7 +62,7 @@ if HAVE_TRITON:
             rows = (start + offs_n)[:, None] * stride_qkv + col
             k = tl.load(QKV + HIDDEN + rows, mask=mask_n[:, None], other=0.0)
             v = tl.load(QKV + 2 * HIDDEN + rows, mask=mask_n[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k)) * qk_scale
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
             relative = offs_n[None, :] - offs_m[:, None]
             if HAS_BIAS:
                 keep = mask_m[:, None] & mask_n[None, :]
@@ -76,7 +76,7 @@ if HAVE_TRITON:
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
             m_i = m_new
         acc = acc / l_i[:, None]
         out = OUT + (start + offs_m)[:, None] * stride_o + col
@@ -96,7 +96,15 @@ def kernel_attention(qkv, out, cu, tiles, heads: int, scale: float, bias, window
         0 if bias is None else bias.stride(0), 0 if bias is None else (bias.shape[1] - 1) // 2,
         HIDDEN=hidden, HEAD_DIM=hidden // heads, BLOCK_M=block_m, BLOCK_N=block_n,
         HAS_BIAS=bias is not None, WINDOW=window, HAS_KEYS=keys is not None, num_warps=warps, num_stages=stages,
+        DOT_PRECISION=dot_precision(qkv.dtype),
     )  # fmt: skip
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 operands multiply in IEEE fp32, as torch's own fp32 matmuls do (allow_tf32 is off): Triton's default,
+    TF32, keeps 10 mantissa bits and would make an fp32 engine an fp16-like one (a SPLADE's term order: issue 44).
+    Half-precision operands ignore it."""
+    return "ieee" if dtype == torch.float32 else "tf32"
 
 
 def grid_mask(real: torch.Tensor, bias: torch.Tensor | None, window: int) -> torch.Tensor:
