@@ -18,6 +18,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
+# What the export would serve, and where each fact was read (family, task, pooling, prompts, token limit,
+# precision), or why it would not serve and what to change; exports nothing. SOURCE: a checkpoint folder
+# (default: the settings' model.source).
+SOURCE ?=
+explain: $(VENV)/.installed
+	$(PY) -m export --settings $(SETTINGS) --explain $(SOURCE)
+
 # Export the checkpoint to ONNX (validated against PyTorch) plus weights, tokenizer and serving.json.
 export: $(STAMP).export
 

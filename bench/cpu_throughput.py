@@ -47,7 +47,7 @@ def sentence_transformer(settings, warm_up: list[str], batch_size: int):
 
     folder = resolve_source(settings.model.source) or settings.export_dir
     model = SentenceTransformer(str(folder), device="cpu")
-    model.max_seq_length = settings.model.max_tokens
+    model.max_seq_length = settings.max_tokens()
     model.encode(warm_up[:64], batch_size=batch_size)
     return model
 

@@ -104,7 +104,7 @@ def engine_batches(settings, texts: list[str], batch: int):
     from common.hf_tokenizer import load_tokenizer
 
     export = settings.export_dir
-    tokenizer = load_tokenizer(export / "tokenizer.json", settings.model.max_tokens)
+    tokenizer = load_tokenizer(export / "tokenizer.json", settings.max_tokens())
     ids = [np.array(encoding.ids, dtype=np.int32) for encoding in tokenizer.encode_batch(texts)]
     batches = [ids[i : i + batch] for i in range(0, len(ids) - batch + 1, batch)]
     return settings_engine(settings, f"cuda:{settings.encoder.gpus[0]}"), batches

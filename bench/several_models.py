@@ -40,7 +40,7 @@ def engine_alone(settings: Settings, texts: list[str], batch: int = 64) -> float
         return None
     from common.hf_tokenizer import load_tokenizer
 
-    tokenizer = load_tokenizer(settings.export_dir / "tokenizer.json", settings.model.max_tokens)
+    tokenizer = load_tokenizer(settings.export_dir / "tokenizer.json", settings.max_tokens())
     rerank = settings.model.task == "rerank"
     batches = []
     for start in range(0, len(texts) - batch + 1, batch):

@@ -20,7 +20,6 @@ BUDGET_PARAMETER = "budget_us"  # int: a <model>-stream request is refused unrun
 BUDGET_EXPIRED = "time budget ran out"  # the refusal's words, which the fronts read as a timeout
 WARMUP_TEXT = "Warm-up request: the first real request should not pay for lazy initialization."
 SERVING_FILE = "serving.json"
-PROMPTS_FILE = "config_sentence_transformers.json"  # a checkpoint's sentence-transformers prompts, if it has them
 CALIBRATION_FILE = "calibration.npy"  # an embedder's unit embeddings of its calibration corpus (export/calibration.py)
 OPTION_PREFIX = "engine."  # config parameters that carry the settings' [engine] options
 # A sparse model's outputs, per request [texts, that request's most non-zero entries]: each text's vocabulary
@@ -32,6 +31,9 @@ SPARSE_PADDING = {SPARSE_INDICES: -1, SPARSE_VALUES: 0.0}
 SPARSE_TOP_K = "sparse_top_k"  # int: keep a text's k largest entries; 0: all
 SPARSE_THRESHOLD = "sparse_threshold"  # float: keep entries above it; 0: every non-zero one
 SPARSE_HEAD_FILE = "sparse_head.npz"  # the MLM decoder (weight [vocab, hidden], bias) for onnxruntime_cpu
+# An inference-free sparse model's query side (SparseStaticEmbedding): a weight per vocabulary id, float32 [vocab];
+# a query (input_type query) is each of its distinct tokens' weight, without the engine.
+STATIC_QUERY_FILE = "query_weights.npy"
 # A multi-vector model's outputs, per request: each text's kept token vectors (fp32, unit length, [texts, that
 # request's most kept tokens, dim], zeros past a text's own) and how many it kept (int32 [texts, 1]).
 TOKEN_VECTORS = "token_vectors"
@@ -42,6 +44,9 @@ TOKEN_COUNTS = "token_counts"
 CHUNK_TOKENS = "chunk_tokens"
 CHUNK_EMBEDDINGS = "chunk_embeddings"
 CHUNK_COUNTS = "chunk_counts"
+# KServe request parameter: the sentence-transformers prompt (by name) put before each text; "" for none; a request
+# without it is read with the model's default prompt, if it has one (model_repository/stages/prompts.py).
+PROMPT_PARAMETER = "prompt_name"
 INPUT_TYPE = "input_type"  # KServe request parameter of a multi-vector model: query | document (the default)
 INPUT_TYPES = ("query", "document")
 # Outputs padded to the widest part when several requests' outputs are joined, and with what.
@@ -79,6 +84,14 @@ class ServingSpec:
     # hybrid: colbert_size (its token vectors' width) and unused_ids (the tokens without a lexical weight: BGE-M3's
     # cls, eos, pad and unk); its multi_vector is both sides alike, every token but the first keeping a vector.
     hybrid: dict | None = None
+    # sentence-transformers' prompts by name, and the one put before a text that names none (default_prompt_name):
+    # the stage prepends it unless a request's prompt_name parameter names another ("" none).
+    prompts: dict | None = None
+    default_prompt_name: str | None = None
+    # sparse: a SparseEncoder's max_active_dims (each vector's largest entries kept; 0 all), and whether its query
+    # side is static (STATIC_QUERY_FILE).
+    max_active_dims: int = 0
+    static_query: bool = False
 
     @classmethod
     def load(cls, model_dir: Path) -> ServingSpec:

@@ -4,26 +4,52 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from common.contract import PROMPTS_FILE, TOKEN_TYPES, ServingSpec
+from common.contract import TOKEN_TYPES, ServingSpec
 from common.hf_tokenizer import load_tokenizer
 from export import sha256
 from export.calibration import write_calibration
-from export.checkpoint import CheckpointError, Pooling, load_model, open_checkpoint, read_pooling, write_tokenizer
-from export.hybrid_export import HybridStates, hybrid_spec, read_hybrid, save_heads, validate_hybrid
+from export.checkpoint import CheckpointError, load_model, open_checkpoint, write_tokenizer
+from export.explain import explain
+from export.hybrid_export import HybridStates, read_hybrid, save_heads, validate_hybrid
 from export.multi_vector_export import MultiVectorStates, read_multi_vector, save_projection, validate_multi_vector
 from export.onnx_export import VALIDATION_SENTENCES, ServingModule, export_onnx, validate
-from export.sparse_export import SparseStates, save_head, sparse_activation, validate_sparse
+from export.reading import Reading, read_checkpoint
+from export.sparse_export import SparseStates, check_sparse_family, save_head, save_static_query, validate_sparse
 from settings import ROOT, SettingsError, load_deployment
 from settings.schema import TASKS
 
 REPORT_FILE = "export_report.json"
+
+
+def read(
+    source: str,
+    task: str,
+    max_tokens: int,
+    tokenizer_json: Path | None = None,
+    pooling: str = "auto",
+    normalize: str | bool = "auto",
+) -> Reading:
+    """What the export of `source` for `task` would serve and where each fact was read (--explain prints it);
+    CheckpointError saying what to change where it cannot be served. max_tokens 0: the checkpoint's own limit."""
+    checkpoint = open_checkpoint(source, tokenizer_json)
+    if max_tokens > checkpoint.positions:
+        raise CheckpointError(
+            f"model.max_tokens is {max_tokens}, over the {checkpoint.positions} tokens a "
+            f"{checkpoint.config.model_type} checkpoint's positions take: set model.max_tokens to at most that"
+        )
+    reading = read_checkpoint(checkpoint, task, max_tokens, pooling, normalize)
+    check_sparse_family(task, checkpoint.config.model_type)
+    if task == "multi_vector":
+        read_multi_vector(reading)
+    elif task == "hybrid":
+        read_hybrid(reading)
+    return reading
 
 
 def export(
@@ -36,34 +62,20 @@ def export(
     tokenizer_json: Path | None = None,
     onnx: bool = True,
     calibration_corpus: Path | None = None,
+    pooling: str = "auto",
+    normalize: str | bool = "auto",
 ) -> dict:
     """The checkpoint exported into out_dir, its ONNX model (unless onnx is false: the torch engine reads the
     weights alone) validated, an embedder's int8/uint8 ranges calibrated on calibration_corpus (None: the shipped
-    texts); the report (export_report.json)."""
+    texts); the report (export_report.json). max_tokens 0: the checkpoint's own limit (read())."""
     started = time.perf_counter()
-    checkpoint = open_checkpoint(source, tokenizer_json)
-    if max_tokens > checkpoint.positions:
-        raise CheckpointError(
-            f"model.max_tokens is {max_tokens}, over the {checkpoint.positions} tokens a "
-            f"{checkpoint.config.model_type} checkpoint's positions take: set model.max_tokens to at most that"
-        )
+    reading = read(source, task, max_tokens, tokenizer_json, pooling, normalize)
+    checkpoint, pooling, max_tokens = reading.checkpoint, reading.pooling, reading.max_tokens
     model = load_model(checkpoint, task)
-    # A multi-vector checkpoint pools nothing: its modules are read by read_multi_vector. BGE-M3's dense vector is
-    # its first token's, normalized, whatever modules.json says (BGEM3FlagModel's).
-    pooling = {
-        "multi_vector": Pooling("mean", normalize=False),
-        "hybrid": Pooling("cls", normalize=True),
-    }.get(task) or read_pooling(checkpoint.folder)
-    has_modules = checkpoint.folder is not None and (checkpoint.folder / "modules.json").is_file()
-    activation = sparse_activation(task, pooling, has_modules, checkpoint.config.model_type)
     config = model.config
+    activation = pooling.splade
     multi_vector = task == "multi_vector"
-    if multi_vector:
-        side_spec, projection = read_multi_vector(checkpoint, config.hidden_size, max_tokens)
     hybrid = task == "hybrid"
-    if hybrid:
-        heads = read_hybrid(checkpoint, config.hidden_size)
-        side_spec, hybrid_fields = hybrid_spec(checkpoint, heads, max_tokens)
     labels = tuple(config.id2label[i] for i in range(config.num_labels)) if task == "classification" else ()
     spec = ServingSpec(
         task=task,
@@ -75,7 +87,7 @@ def export(
             "classification": len(labels),
             "rerank": 1,
             "sparse": config.vocab_size,
-            "multi_vector": projection.weight.shape[0] if multi_vector else 0,
+            "multi_vector": reading.projection.weight.shape[0] if multi_vector else 0,
             "hybrid": config.hidden_size,
         }[task],
         labels=labels,
@@ -83,27 +95,31 @@ def export(
         pad_token_id=config.pad_token_id or 0,
         token_types=checkpoint.reads_token_types,
         activation=activation or "relu",
-        multi_vector=side_spec.as_dict() if multi_vector or hybrid else None,
-        hybrid=hybrid_fields if hybrid else None,
+        multi_vector=reading.sides.as_dict() if multi_vector or hybrid else None,
+        hybrid=reading.hybrid_fields if hybrid else None,
+        prompts=reading.prompts,
+        default_prompt_name=reading.default_prompt_name,
+        max_active_dims=reading.max_active_dims,
+        static_query=reading.static_query is not None,
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
-    write_tokenizer(checkpoint, out_dir, max_tokens, tokenizer_json)
-    if checkpoint.folder is not None and (checkpoint.folder / PROMPTS_FILE).is_file():  # for TEI's prompt_name
-        shutil.copyfile(checkpoint.folder / PROMPTS_FILE, out_dir / PROMPTS_FILE)
+    write_tokenizer(checkpoint, out_dir, max_tokens, tokenizer_json, reading.lowercase, tuple(reading.prefix_tokens))
     spec.save(out_dir)
     if multi_vector:
-        save_projection(projection, out_dir)
+        save_projection(reading.projection, out_dir)
     if hybrid:
-        save_heads(heads, out_dir)
+        save_heads(reading.heads, out_dir)
+    if reading.static_query is not None:
+        save_static_query(reading.static_query, out_dir)
     report = {"source": source, "model_type": config.model_type, "task": task}
     sparse = task == "sparse"
     if sparse:
         module = SparseStates(model)
     elif multi_vector:
-        module = MultiVectorStates(model, projection)
+        module = MultiVectorStates(model, reading.projection)
     elif hybrid:
-        module = HybridStates(model, heads)
+        module = HybridStates(model, reading.heads)
     else:
         module = ServingModule(model, task, pooling, spec.token_types)
     module.eval()
@@ -171,6 +187,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task", choices=TASKS, help="override model.task")
     parser.add_argument("--tokenizer", type=Path, help="tokenizer.json to use instead of the checkpoint's own")
     parser.add_argument("--out", type=Path, help="output folder (default: the settings' export folder)")
+    parser.add_argument(
+        "--explain",
+        nargs="?",
+        const="",
+        metavar="SOURCE",
+        help="export nothing: print what would be served and where each fact was read (SOURCE: as --source)",
+    )
     args = parser.parse_args(argv)
     try:
         deployment = load_deployment(args.settings)
@@ -178,9 +201,20 @@ def main(argv: list[str] | None = None) -> int:
             raise SettingsError("--source, --random-init, --task and --out name one model: give one settings file")
         for settings in deployment.models:
             source = f"random-init:{args.random_init}" if args.random_init else args.source or settings.model.source
+            task = args.task or settings.model.task
+            if args.explain is not None:
+                source = args.explain or source
+                try:
+                    reading = read(source, task, settings.model.max_tokens, args.tokenizer, settings.model.pooling,
+                                   settings.model.normalize)  # fmt: skip
+                except CheckpointError as exc:
+                    print(f"{source} would not be served as task {task}:\n  {exc}")
+                    return 1
+                print(explain(reading, settings))
+                continue
             report = export(
                 source,
-                args.task or settings.model.task,
+                task,
                 settings.model.max_tokens,
                 args.out or settings.export_dir,
                 settings.engine.onnx_opset,
@@ -188,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
                 args.tokenizer,
                 onnx=settings.engine.kind != "torch",  # the torch engine reads config.json and the weights alone
                 calibration_corpus=ROOT / corpus if (corpus := settings.model.calibration_corpus) else None,
+                pooling=settings.model.pooling,
+                normalize=settings.model.normalize,
             )
             print(json.dumps(report, indent=2))
     except (SettingsError, CheckpointError) as exc:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer
+from tokenizers import AddedToken, Tokenizer, normalizers
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -26,6 +26,8 @@ from transformers import (
     PreTrainedModel,
 )
 
+from export.errors import CheckpointError
+from export.st_modules import MODULES_FILE, transformer_folder
 from export.tokenizer_training import MULTILINGUAL_SENTENCES, config_token_ids, save_tokenizer, train_tokenizer
 from model_repository.stages.engines.models import Encoder, UnsupportedModel, architecture, presets
 from settings import ROOT
@@ -41,10 +43,6 @@ TOKENIZER_TEXTS = (
 )
 
 
-class CheckpointError(ValueError):
-    """The checkpoint source cannot be used."""
-
-
 @dataclass(frozen=True)
 class Pooling:
     mode: str  # mean | cls | max | mean_sqrt_len
@@ -54,9 +52,11 @@ class Pooling:
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A source resolved: its folder (None for a random-init preset), config and family, and a preset's tokenizer."""
+    """A source resolved: its folder (None for a random-init preset) and the folder of its transformers model within
+    (`folder`: the same but for a sentence-transformers Router's), config and family, and a preset's tokenizer."""
 
     source: str
+    root: Path | None
     folder: Path | None
     config: PretrainedConfig
     family: type[Encoder]
@@ -87,7 +87,7 @@ def resolve_source(source: str) -> Path | None:
         folder = Path(next(iter(spec.submodule_search_locations))) / "model"
     else:
         folder = Path(source).expanduser()
-    if not (folder / "config.json").is_file():
+    if not (folder / "config.json").is_file() and not (folder / MODULES_FILE).is_file():
         raise CheckpointError(f"{folder} holds no config.json: not a Hugging Face checkpoint folder")
     return folder
 
@@ -102,18 +102,21 @@ def family_of(model_type: str | None) -> type[Encoder]:
 def open_checkpoint(source: str, tokenizer_json: Path | None = None) -> Checkpoint:
     """The source's config and family. A preset's config comes from its family's transformers config class, with
     the special token ids of the tokenizer made for it (or of tokenizer_json, when the caller gives one)."""
-    folder = resolve_source(source)
-    if folder is not None:
+    root = resolve_source(source)
+    if root is not None:
+        folder = transformer_folder(root)
+        if not (folder / "config.json").is_file():
+            raise CheckpointError(f"{folder} holds no config.json: its modules name no transformers model")
         model_type = json.loads((folder / "config.json").read_text()).get("model_type")
         family = family_of(model_type)  # before transformers, which may not know the model_type at all
-        return Checkpoint(source, folder, AutoConfig.from_pretrained(folder), family, None)
+        return Checkpoint(source, root, folder, AutoConfig.from_pretrained(folder), family, None)
     fields = presets()[source.split(":", 1)[1]]
     if tokenizer_json is None:
         tokenizer = family_tokenizer(fields["model_type"], fields["vocab_size"])
     else:
         tokenizer = Tokenizer.from_file(str(tokenizer_json))
     config = AutoConfig.for_model(**{**fields, **config_token_ids(tokenizer, fields["model_type"])})
-    return Checkpoint(source, None, config, family_of(config.model_type), tokenizer)
+    return Checkpoint(source, None, None, config, family_of(config.model_type), tokenizer)
 
 
 def family_tokenizer(model_type: str, vocab_size: int) -> Tokenizer:
@@ -130,7 +133,8 @@ def family_tokenizer(model_type: str, vocab_size: int) -> Tokenizer:
 
 def tokenizer_file(source: str) -> Path:
     """The tokenizer.json of a folder source, or MiniLM's for a BERT preset; another preset's is trained at export."""
-    folder = resolve_source(source)
+    root = resolve_source(source)
+    folder = transformer_folder(root) if root is not None else None
     if folder is None:
         layout = presets()[source.split(":", 1)[1]]["model_type"]
         if layout != "bert":
@@ -142,47 +146,32 @@ def tokenizer_file(source: str) -> Path:
     return path
 
 
-def write_tokenizer(checkpoint: Checkpoint, out_dir: Path, max_tokens: int, override: Path | None = None) -> None:
+def write_tokenizer(
+    checkpoint: Checkpoint,
+    out_dir: Path,
+    max_tokens: int,
+    override: Path | None = None,
+    lowercase: bool = False,
+    special_tokens: tuple[str, ...] = (),
+) -> None:
     """tokenizer.json into out_dir: the override, the folder's own, or a preset's (with the files transformers
-    loads it by)."""
+    loads it by), changed as sentence-transformers changes it when it loads the checkpoint, so that every tokenizer
+    the stages and fronts load reads a text as the library does: `lowercase` (do_lower_case) puts a Lowercase
+    normalizer first; `special_tokens` (a PyLate save's prefixes) become special tokens, matched before
+    normalization."""
     if override is None and checkpoint.tokenizer is not None:
         save_tokenizer(checkpoint.tokenizer, checkpoint.config.model_type, out_dir, max_tokens)
+    else:
+        shutil.copyfile(override or tokenizer_file(checkpoint.source), out_dir / "tokenizer.json")
+    if not lowercase and not special_tokens:
         return
-    shutil.copyfile(override or tokenizer_file(checkpoint.source), out_dir / "tokenizer.json")
-
-
-def read_pooling(folder: Path | None) -> Pooling:
-    """Pooling as the checkpoint's sentence-transformers modules say (a SparseEncoder's SpladePooling: max over the
-    tokens, its activation); mean without normalization otherwise."""
-    modules_file = folder / "modules.json" if folder else None
-    if modules_file is None or not modules_file.is_file():
-        return Pooling("mean", normalize=False)
-    modules = json.loads(modules_file.read_text())
-    mode, normalize, splade = "mean", False, None
-    for module in modules:
-        kind = module["type"].rsplit(".", 1)[-1]
-        if kind == "Pooling":
-            config = json.loads((folder / module["path"] / "config.json").read_text())
-            modes = {
-                "cls": config.get("pooling_mode_cls_token"),
-                "mean": config.get("pooling_mode_mean_tokens"),
-                "max": config.get("pooling_mode_max_tokens"),
-                "mean_sqrt_len": config.get("pooling_mode_mean_sqrt_len_tokens"),
-            }
-            chosen = [name for name, on in modes.items() if on]
-            if len(chosen) != 1:
-                raise CheckpointError(f"exactly one pooling mode is supported, the checkpoint asks for {chosen}")
-            mode = chosen[0]
-        elif kind == "SpladePooling":
-            config = json.loads((folder / module["path"] / "config.json").read_text())
-            if config.get("pooling_strategy", "max") != "max":
-                raise CheckpointError(f"SpladePooling {config['pooling_strategy']!r} is not served: max only")
-            mode, splade = "max", config.get("activation_function", "relu")
-        elif kind == "Normalize":
-            normalize = True
-        elif kind not in ("Transformer", "MLMTransformer"):
-            raise CheckpointError(f"sentence-transformers module {kind} is not supported")
-    return Pooling(mode, normalize, splade)
+    tokenizer = Tokenizer.from_file(str(out_dir / "tokenizer.json"))
+    normalizer = tokenizer.normalizer
+    steps = list(normalizer) if isinstance(normalizer, normalizers.Sequence) else [normalizer] * bool(normalizer)
+    if lowercase and not any(isinstance(step, normalizers.Lowercase) for step in steps):
+        tokenizer.normalizer = normalizers.Sequence([normalizers.Lowercase(), *steps])
+    tokenizer.add_special_tokens([AddedToken(token, normalized=False, special=True) for token in special_tokens])
+    tokenizer.save(str(out_dir / "tokenizer.json"))
 
 
 def load_model(checkpoint: Checkpoint, task: str, seed: int = 0) -> PreTrainedModel:

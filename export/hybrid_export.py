@@ -26,6 +26,7 @@ from common.padding import pad_sequences
 from export.checkpoint import Checkpoint, CheckpointError
 from export.multi_vector_export import preset_tokenizer
 from export.onnx_export import Deviation, onnx_session
+from export.reading import Reading
 
 HEAD_FILES = {"sparse": "sparse_linear.pt", "colbert": "colbert_linear.pt"}
 UNUSED_TOKENS = ("cls_token", "eos_token", "pad_token", "unk_token")  # no lexical weight (M3Embedder's list)
@@ -37,9 +38,19 @@ class HybridHeads:
     colbert: tuple[np.ndarray, np.ndarray]  # weight [dim, hidden], bias [dim]
 
 
-def read_hybrid(checkpoint: Checkpoint, hidden: int, seed: int = 0) -> HybridHeads:
+def read_hybrid(reading: Reading, seed: int = 0) -> None:
+    """The checkpoint's two heads and serving.json's fields for them, into the reading."""
+    checkpoint, hidden = reading.checkpoint, reading.checkpoint.config.hidden_size
+    reading.heads = _heads(checkpoint, hidden, seed)
+    reading.sides, reading.hybrid_fields = hybrid_spec(checkpoint, reading.heads, reading.max_tokens)
+    where = "random-init preset" if checkpoint.root is None else ", ".join(HEAD_FILES.values())
+    reading.add("lexical weights", "relu(sparse_linear(h)) per token, the largest per id", where)
+    reading.add("colbert vectors", f"colbert_linear to {reading.hybrid_fields['colbert_size']}, normalized", where)
+
+
+def _heads(checkpoint: Checkpoint, hidden: int, seed: int) -> HybridHeads:
     """The checkpoint's two heads; a random-init source gets random ones of BGE-M3's shapes (colbert dim = hidden)."""
-    if checkpoint.folder is None:
+    if checkpoint.root is None:
         generator = torch.Generator().manual_seed(seed)
         heads = {name: nn.Linear(hidden, 1 if name == "sparse" else hidden) for name in HEAD_FILES}
         with torch.no_grad():
@@ -47,11 +58,11 @@ def read_hybrid(checkpoint: Checkpoint, hidden: int, seed: int = 0) -> HybridHea
                 linear.weight.copy_(torch.randn(linear.weight.shape, generator=generator) / hidden**0.5)
         states = {name: linear.state_dict() for name, linear in heads.items()}
     else:
-        missing = [name for name in HEAD_FILES.values() if not (checkpoint.folder / name).is_file()]
+        missing = [name for name in HEAD_FILES.values() if not (checkpoint.root / name).is_file()]
         if missing:
             raise CheckpointError(f"task hybrid needs BGE-M3's heads beside the weights: {', '.join(missing)} missing")
         states = {
-            name: torch.load(checkpoint.folder / file, map_location="cpu", weights_only=True)
+            name: torch.load(checkpoint.root / file, map_location="cpu", weights_only=True)
             for name, file in HEAD_FILES.items()
         }
     arrays = {name: (state["weight"].float().numpy(), state["bias"].float().numpy()) for name, state in states.items()}

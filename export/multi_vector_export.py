@@ -13,7 +13,6 @@ checkpoint whose modules would do anything else is refused, naming what.
 
 from __future__ import annotations
 
-import json
 import string
 import tempfile
 from dataclasses import dataclass
@@ -29,8 +28,10 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from common.contract import PROJECTION_FILE, ServingSpec
 from common.multi_vector import DOCUMENT_PROMPTS, MultiVectorSpec
 from common.padding import pad_sequences
-from export.checkpoint import Checkpoint, CheckpointError
+from export.checkpoint import CheckpointError
 from export.onnx_export import Deviation, onnx_session
+from export.reading import INERT, Reading
+from export.st_modules import TRANSFORMERS, read_modules
 from export.tokenizer_training import save_tokenizer
 
 IDENTITY = ("torch.nn.modules.linear.Identity", "torch.nn.Identity")
@@ -47,74 +48,136 @@ class Projection:
     normalize: bool
 
 
-def _config(folder: Path, module: dict) -> dict:
-    path = folder / module["path"] / "config.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+PYLATE_DENSE = "pylate.models.Dense.Dense"
+# Keys only a PyLate (or Stanford ColBERT) save writes at the top of config_sentence_transformers.json.
+PYLATE_MARKERS = ("query_length", "document_length", "do_query_expansion", "attend_to_expansion_tokens",
+                  "attend_to_mask_tokens", "query_prefix", "document_prefix", "skiplist_words")  # fmt: skip
 
 
-def _refuse_legacy(config: dict) -> None:
-    legacy = [key for key in ("query_prefix", "document_prefix", "do_query_expansion") if key in config]
-    if config.get("model_type") == "ColBERT" or legacy:
-        raise CheckpointError(
-            f"a PyLate <= 3 / Stanford ColBERT save ({', '.join(legacy) or 'model_type ColBERT'}) is not served: "
-            "load it with sentence_transformers.MultiVectorEncoder and save it again"
-        )
+def _pylate(st_config: dict, transformer: dict) -> tuple[dict, dict, list | None, list[str]]:
+    """A PyLate save's prompts, Transformer knobs, skiplist and prefix tokens as MultiVectorEncoder reads them
+    (its _parse_model_config): the prefixes ([Q], [D]) go in front of the prompts; query_length and document_length
+    are the Transformer's unless its own config says; do_query_expansion (default on) pads queries to query_length
+    (default 32); a PyLate <= 3 save (model_type ColBERT) skips punctuation unless it lists its own words."""
+    prompts = {name: value for name, value in (st_config.get("prompts") or {}).items() if value}
+    prefixes = []
+    for key, name in (("query_prefix", "query"), ("document_prefix", "document")):
+        if key in st_config:
+            prefix = st_config[key] or ""
+            prompts[name] = prefix + (prompts.get(name) or "").removeprefix(prefix)
+            prefixes.append(prefix)
+    knobs = {key: st_config[key] for key in ("query_length", "document_length") if st_config.get(key) is not None}
+    if "query_expansion" in st_config:
+        knobs["query_expansion"] = st_config["query_expansion"]
+    elif any(key in st_config for key in PYLATE_MARKERS):
+        if st_config.get("do_query_expansion") is False:
+            knobs["query_expansion"] = None
+        else:
+            attend = st_config.get("attend_to_expansion_tokens", st_config.get("attend_to_mask_tokens"))
+            length = knobs.pop("query_length", None) or 32
+            knobs["query_expansion"] = {"strategy": "fixed", "attend": bool(attend), "length": length}
+    skiplist = st_config.get("skiplist_words")
+    if skiplist is None and st_config.get("model_type") == "ColBERT":
+        skiplist = list(string.punctuation)
+    return prompts, {**knobs, **transformer}, skiplist, prefixes
 
 
-def read_multi_vector(
-    checkpoint: Checkpoint, hidden: int, max_tokens: int, seed: int = 0
-) -> tuple[MultiVectorSpec, Projection]:
-    """The checkpoint's MultiVectorEncoder modules (Transformer, Dense, MultiVectorMask, Normalize) as served;
-    a random-init source gets PyLate's defaults and a random projection."""
-    folder = checkpoint.folder
-    if folder is None:
+def read_multi_vector(reading: Reading, seed: int = 0) -> None:
+    """The checkpoint's MultiVectorEncoder (or PyLate) modules as served, into the reading: its sides
+    (MultiVectorSpec) and its Dense projection. A random-init source gets PyLate's defaults and a random projection.
+
+    Transformer, Dense, then MultiVectorMask and Normalize in either order: both act on each token alone."""
+    checkpoint, hidden, max_tokens = reading.checkpoint, reading.checkpoint.config.hidden_size, reading.max_tokens
+    saved = read_modules(checkpoint.root)
+    if checkpoint.root is None:
         generator = torch.Generator().manual_seed(seed)
         weight = torch.randn(RANDOM_PROJECTION, hidden, generator=generator) / hidden**0.5
         tokenizer = preset_tokenizer(checkpoint.tokenizer, checkpoint.config.model_type)
-        spec = _spec(
+        reading.sides = _spec(
             RANDOM_PROMPTS, RANDOM_EXPANSION, {}, list(string.punctuation), ["document"], max_tokens, tokenizer
         )
-        return spec, Projection(weight.numpy(), None, True)
-    modules_file = folder / "modules.json"
-    st_config_file = folder / "config_sentence_transformers.json"
-    if not modules_file.is_file() or not st_config_file.is_file():
-        raise CheckpointError("task multi_vector needs a MultiVectorEncoder checkpoint (modules.json and its config)")
-    st_config = json.loads(st_config_file.read_text())
-    _refuse_legacy(st_config)
-    if st_config.get("model_type") not in ("MultiVectorEncoder", None):
+        reading.projection = Projection(weight.numpy(), None, True)
+        _facts(reading, "random-init preset: PyLate's defaults")
+        return
+    if saved is None:
+        raise CheckpointError("task multi_vector needs a MultiVectorEncoder or PyLate checkpoint (modules.json)")
+    st_config = saved.settings
+    if str(st_config.get("similarity_fn_name")).lower() not in ("none", "maxsim", "cosine", "dot"):
         raise CheckpointError(
-            f"task multi_vector needs a MultiVectorEncoder checkpoint, not a {st_config['model_type']}"
+            f"config_sentence_transformers.json: similarity_fn_name = {st_config['similarity_fn_name']!r}: "
+            "MaxSim is served"
         )
-    if st_config.get("similarity_fn_name") not in (None, "maxsim"):
-        raise CheckpointError(f"similarity_fn_name {st_config['similarity_fn_name']!r} is not served: maxsim only")
-    transformer, dense, mask, normalize = {}, None, None, False
-    for module in json.loads(modules_file.read_text()):
-        kind, config = module["type"].rsplit(".", 1)[-1], _config(folder, module)
-        if kind == "Transformer" and not transformer and dense is None:
-            transformer = json.loads((folder / "sentence_bert_config.json").read_text())
-        elif kind == "Dense" and dense is None and mask is None:
+    transformer, dense, mask, normalize = None, None, None, False
+    for module in saved.modules:
+        kind = "Dense" if module.type == PYLATE_DENSE else module.kind
+        config = module.config
+        if kind in TRANSFORMERS and dense is None and transformer is None:
+            transformer = config
+        elif kind == "Dense" and dense is None and not normalize:
             if config.get("activation_function") not in IDENTITY:
-                raise CheckpointError(f"Dense activation {config.get('activation_function')} is not served: Identity")
-            if config.get("module_input_name", "token_embeddings") != "token_embeddings":
-                raise CheckpointError("a Dense over anything but the token embeddings is not served")
-            dense = (folder / module["path"], config)
-        elif kind == "MultiVectorMask" and mask is None and not normalize:
+                key = saved.where(module, "activation_function")
+                raise CheckpointError(f"{key} = {config.get('activation_function')!r}: an Identity Dense is served")
+            if config.get("module_input_name", "token_embeddings") != "token_embeddings" or config.get("use_residual"):
+                raise CheckpointError(
+                    f"{saved.where(module)}: a Dense over anything but each token's state is not served"
+                )
+            dense = (module.folder, config)
+        elif kind == "MultiVectorMask" and mask is None:
             if config.get("keep_only_token_ids"):
-                raise CheckpointError("MultiVectorMask keep_only_token_ids (image patches) is not served")
+                raise CheckpointError(f"{saved.where(module, 'keep_only_token_ids')}: image patches are not served")
             mask = config
-        elif kind == "Normalize" and not normalize:
+        elif kind == "Normalize" and dense is not None and not normalize:
             if config.get("module_input_name", "token_embeddings") != "token_embeddings":
-                raise CheckpointError("a Normalize over anything but the token embeddings is not served")
+                raise CheckpointError(
+                    f"{saved.where(module, 'module_input_name')}: a Normalize of anything but each token"
+                )
             normalize = True
-        else:
-            raise CheckpointError(f"sentence-transformers module {kind} (at {module['path']!r}) is not served")
-    if dense is None or mask is None:
-        raise CheckpointError("task multi_vector needs a Dense projection and a MultiVectorMask")
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    prompts = {name: value for name, value in (st_config.get("prompts") or {}).items() if value}
-    spec = _spec(prompts, transformer.get("query_expansion"), transformer, mask.get("skiplist_words") or [],
-                 mask.get("skiplist_tasks") or ["document"], max_tokens, tokenizer)  # fmt: skip
-    return spec, _projection(*dense, normalize)
+        elif kind not in INERT:
+            raise CheckpointError(f"sentence-transformers module {kind} ({saved.where(module)}) is not served here")
+    if dense is None:
+        raise CheckpointError("task multi_vector needs a Dense projection after the Transformer")
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint.folder)
+    prompts, transformer, skiplist, prefixes = _pylate(st_config, transformer or {})
+    if mask is None and saved.model_type == "MultiVectorEncoder":
+        raise CheckpointError("a MultiVectorEncoder without a MultiVectorMask module is not served")
+    if mask is not None:
+        skiplist = mask.get("skiplist_words") or []
+    elif st_config.get("model_type") == "ColBERT":  # PyLate <= 3 masked and normalized inline
+        normalize = True
+    reading.prefix_tokens = _prefix_tokens(tokenizer, prefixes)
+    reading.sides = _spec(prompts, transformer.get("query_expansion"), transformer, skiplist or [],
+                          (mask or {}).get("skiplist_tasks") or ["document"], max_tokens, tokenizer)  # fmt: skip
+    reading.projection = _projection(*dense, normalize)
+    _facts(reading, f"{saved.model_type or 'PyLate'} modules and {saved.settings_where}")
+
+
+def _prefix_tokens(tokenizer, prefixes: list[str]) -> list[str]:
+    """The PyLate prefixes MultiVectorEncoder registers as special tokens: those the tokenizer knows (whole, or their
+    first word) but splits, so that a prefix prepended as text reads as the one token PyLate inserted."""
+    added, vocabulary, found = set(tokenizer.added_tokens_encoder), tokenizer.get_vocab(), []
+    for value in prefixes:
+        if not value or not value.split():
+            continue
+        for prefix in (value, value.split(None, 1)[0]):
+            if prefix not in added and prefix not in vocabulary:
+                continue
+            if tokenizer.tokenize(prefix) != [prefix]:
+                found.append(prefix)
+            break
+    return found
+
+
+def _facts(reading: Reading, where: str) -> None:
+    sides, projection = reading.sides, reading.projection
+    reading.add("query prompt", sides.query_prompt, where)
+    reading.add("document prompt", sides.document_prompt, where)
+    reading.add("query tokens", sides.query_max_tokens, where)
+    reading.add("document tokens", sides.document_max_tokens, where)
+    expansion = f"{sides.expansion_strategy} to {sides.expansion_length}" if sides.expansion_id is not None else None
+    reading.add("query expansion", expansion, where)
+    reading.add("skiplist", f"{len(sides.skiplist_ids)} token ids" if sides.skiplist_ids else None, where)
+    reading.add("projection", f"{projection.weight.shape[1]} -> {projection.weight.shape[0]}", where)
+    reading.add("normalize", projection.normalize, where)
 
 
 def preset_tokenizer(tokenizer: Tokenizer, family: str) -> PreTrainedTokenizerBase:
@@ -125,12 +188,16 @@ def preset_tokenizer(tokenizer: Tokenizer, family: str) -> PreTrainedTokenizerBa
 
 
 def _projection(path: Path, config: dict, normalize: bool) -> Projection:
+    """The Dense's weights, from model.safetensors or (older saves) pytorch_model.bin."""
     from safetensors.numpy import load_file
 
-    weights_file = path / "model.safetensors"
-    if not weights_file.is_file():
-        raise CheckpointError(f"{path} holds no model.safetensors (the Dense projection)")
-    weights = load_file(weights_file)
+    if (path / "model.safetensors").is_file():
+        weights = load_file(path / "model.safetensors")
+    elif (path / "pytorch_model.bin").is_file():
+        state = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        weights = {name: tensor.float().numpy() for name, tensor in state.items()}
+    else:
+        raise CheckpointError(f"{path} holds no model.safetensors nor pytorch_model.bin (the Dense projection)")
     weight = weights["linear.weight"].astype(np.float32)
     bias = weights["linear.bias"].astype(np.float32) if config.get("bias", True) else None
     return Projection(weight, bias, normalize)

@@ -17,32 +17,35 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from common.contract import SPARSE_HEAD_FILE, ServingSpec
+from common.contract import SPARSE_HEAD_FILE, STATIC_QUERY_FILE, ServingSpec
 from common.padding import pad_sequences
-from export.checkpoint import CheckpointError, Pooling
+from export.checkpoint import CheckpointError
 from export.onnx_export import Deviation, onnx_session
+from export.st_modules import Module
 from model_repository.stages.engines.sparse import NumpySparseHead
 
 SPARSE_FAMILIES = ("bert", "distilbert")  # masked-LM heads the torch engine's families load (models/)
 
 
-def sparse_activation(task: str, pooling: Pooling, has_modules: bool, model_type: str) -> str | None:
-    """SpladePooling's activation for task sparse (relu for a bare masked-LM checkpoint); None for another task.
-    A SparseEncoder exported as another task, a sentence-transformers embedder or a family without a served MLM
-    head as sparse, is refused."""
-    if task != "sparse":
-        if pooling.splade is not None:
-            raise CheckpointError('the checkpoint is a SparseEncoder (SpladePooling): set model.task = "sparse"')
-        return None
-    if model_type not in SPARSE_FAMILIES:
+def check_sparse_family(task: str, model_type: str) -> None:
+    """Task sparse is served for the families whose masked-LM head the torch engine loads."""
+    if task == "sparse" and model_type not in SPARSE_FAMILIES:
         families = ", ".join(SPARSE_FAMILIES)
         raise CheckpointError(f"task sparse is served for masked-LM checkpoints of {families}, not {model_type}")
-    if has_modules and pooling.splade is None:
-        raise CheckpointError(
-            "task sparse needs a SparseEncoder checkpoint (MLMTransformer + SpladePooling) or a bare masked-LM one; "
-            "this one's sentence-transformers modules pool dense embeddings"
-        )
-    return pooling.splade or "relu"
+
+
+def save_static_query(module: Module, out_dir: Path) -> None:
+    """An inference-free SparseEncoder's query side: SparseStaticEmbedding's weight per vocabulary id (float32),
+    which the stage gives each distinct token of a query (no special tokens), without the engine."""
+    from safetensors.numpy import load_file
+
+    if (module.folder / "model.safetensors").is_file():
+        weight = load_file(module.folder / "model.safetensors")["weight"]
+    else:
+        weight = torch.load(module.folder / "pytorch_model.bin", map_location="cpu", weights_only=True)[
+            "weight"
+        ].numpy()
+    np.save(out_dir / STATIC_QUERY_FILE, weight.astype(np.float32))
 
 
 def mlm_transform(model: PreTrainedModel) -> nn.Module:

@@ -151,7 +151,7 @@ def _engine_parameters(settings: Settings) -> dict[str, object]:
 def _text_limits(settings: Settings, spec: ServingSpec) -> dict[str, object]:
     tokenizer = settings.tokenizer
     return {
-        "max_tokens": settings.model.max_tokens,
+        "max_tokens": spec.max_tokens,
         "pad_token_id": spec.pad_token_id,
         "max_text_bytes": tokenizer.max_text_bytes,
         "max_request_bytes": tokenizer.max_request_bytes,

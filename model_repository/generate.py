@@ -20,9 +20,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 import common
 from common.contract import (
     CALIBRATION_FILE,
-    PROMPTS_FILE,
     QUERY_INPUT,
     SERVING_FILE,
+    STATIC_QUERY_FILE,
     TEXT_INPUT,
     TOKEN_TYPES,
     WARMUP_TEXT,
@@ -114,7 +114,8 @@ def _checked_export(settings: Settings, export_dir: Path) -> ServingSpec:
     if not (export_dir / SERVING_FILE).is_file():
         raise SettingsError(f"{export_dir} holds no exported model: run `make export` (python -m export) first")
     spec = ServingSpec.load(export_dir)
-    if spec.task != settings.model.task or spec.max_tokens != settings.model.max_tokens:
+    asked = settings.model.max_tokens  # 0: the checkpoint's own limit, which the export resolved
+    if spec.task != settings.model.task or asked not in (0, spec.max_tokens):
         raise SettingsError(f"{export_dir} was exported for other settings (task/max_tokens): export again")
     missing = [
         str(export_dir / name) for name in engine_files(settings.engine.kind, spec) if not (export_dir / name).is_file()
@@ -128,9 +129,9 @@ def _checked_export(settings: Settings, export_dir: Path) -> ServingSpec:
 def _write_models(out: Path, settings: Settings, spec: ServingSpec, export_dir: Path, names: ServedNames) -> None:
     """The Triton models of one settings file: the one-stage model, or the two-stage ensemble and its steps."""
     engine_paths = [export_dir / name for name in engine_files(settings.engine.kind, spec)]
-    # What the API front reads beside the stage that tokenizes: the spec, the tokenizer, the prompts and an
-    # embedder's int8/uint8 calibration if any.
-    front_files = [export_dir / name for name in ("tokenizer.json", SERVING_FILE, PROMPTS_FILE, CALIBRATION_FILE)]
+    # What the stage that tokenizes reads, and the API front beside it: the spec, the tokenizer, an embedder's
+    # int8/uint8 calibration and a sparse model's static query weights, if any.
+    front_files = [export_dir / name for name in ("tokenizer.json", SERVING_FILE, CALIBRATION_FILE, STATIC_QUERY_FILE)]
     front_files = [path for path in front_files if path.is_file()]
     if settings.topology == "one_stage":
         files = [*front_files, *engine_paths]
@@ -147,7 +148,7 @@ def _write_models(out: Path, settings: Settings, spec: ServingSpec, export_dir: 
     if settings.engine.kind == "tensorrt":
         _write_model(out, tensorrt_encoder_config(settings, spec, names), settings, engine_paths)
     else:
-        tokenizer = load_tokenizer(tokenizer_file, settings.model.max_tokens)
+        tokenizer = load_tokenizer(tokenizer_file, spec.max_tokens)
         warmup = tokenizer.encode(WARMUP_TEXT, WARMUP_TEXT) if spec.pairs else tokenizer.encode(WARMUP_TEXT)
         config = encoder_config(settings, spec, names, len(warmup.ids))
         encoder_dir = _write_model(out, config, settings, [serving_file, *engine_paths], "encoder_model")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from settings.schema import (
     ENGINE_KINDS,
+    POOLINGS,
     PRECISIONS,
     QUANTIZED,
     TASKS,
@@ -36,9 +37,13 @@ def check(settings: Settings) -> None:
     if engine.precision in QUANTIZED and engine.kind != "tensorrt":
         raise SettingsError(f"engine.precision {engine.precision} needs engine.kind tensorrt")
     _check_sparse(settings)
-    if not 2 <= model.max_tokens <= 8192:
+    if model.max_tokens != 0 and not 2 <= model.max_tokens <= 8192:
         # The checkpoint's own limit (512 for BERT, 8,192 for ModernBERT) is checked at export, where it is known.
-        raise SettingsError("model.max_tokens must be between 2 and 8192")
+        raise SettingsError("model.max_tokens must be 0 (the checkpoint's own limit) or between 2 and 8192")
+    if model.pooling not in POOLINGS:
+        raise SettingsError(f"model.pooling must be one of {POOLINGS}, not {model.pooling!r}")
+    if model.normalize not in ("auto", True, False):
+        raise SettingsError(f'model.normalize must be "auto", true or false, not {model.normalize!r}')
     stages = {"tokenizer": settings.tokenizer, "encoder": settings.encoder, "postprocess": settings.postprocess}
     for name, stage in stages.items():
         if stage.max_batch_size < 1 or stage.instances < 1 or stage.max_queue_delay_us < 0:
@@ -62,7 +67,9 @@ def check(settings: Settings) -> None:
     if list(buckets) != sorted(set(buckets)) or not buckets or buckets[0] < 2:
         raise SettingsError("tensorrt.sequence_buckets must be strictly increasing token counts >= 2")
     if engine.kind == "tensorrt" and buckets[-1] != model.max_tokens:
-        raise SettingsError("the last tensorrt.sequence_buckets entry must equal model.max_tokens")
+        raise SettingsError(
+            "the last tensorrt.sequence_buckets entry must equal model.max_tokens (set it for tensorrt)"
+        )
     if engine.kind == "onnxruntime_cpu" and settings.encoder.gpus:
         raise SettingsError("engine.kind onnxruntime_cpu runs on the CPU: leave encoder.gpus empty")
     if settings.ensemble.max_batch_size > settings.tokenizer.max_batch_size:

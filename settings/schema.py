@@ -8,6 +8,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from common.contract import ServingSpec
 from common.engine_choice import EngineChoice, choose_engine
 from settings.cores import api_workers
 
@@ -28,6 +29,7 @@ RENAMED_ENGINE_KINDS = {"torch_gpu": "torch"}
 # one_stage: one Python model tokenizes and encodes (the Python engines); two_stage: tokenizer -> encoder, the
 # only way to reach a TensorRT encoder. auto picks one_stage where it can.
 TOPOLOGIES = ("auto", "one_stage", "two_stage")
+POOLINGS = ("auto", "mean", "cls", "max", "mean_sqrt_len")  # model.pooling (auto: the checkpoint's modules)
 PRECISIONS = ("auto", "fp32", "fp16", "bf16", "int8", "fp8")  # auto: as engine.kind auto
 QUANTIZED = ("int8", "fp8")  # TensorRT only, from an ONNX model that already carries Q/DQ nodes
 
@@ -45,7 +47,9 @@ class ModelSettings:
     source: str
     name: str
     task: str
-    max_tokens: int
+    max_tokens: int  # 0: the checkpoint's own limit, read at export (serving.json's max_tokens)
+    pooling: str  # auto: the checkpoint's; else what a bare transformers checkpoint is pooled by
+    normalize: str | bool  # auto: the checkpoint's; else whether a bare checkpoint's vectors are L2-normalized
     calibration_corpus: str  # a text file, a line per text; "": the shipped texts
 
 
@@ -274,6 +278,13 @@ class Settings:
     def export_dir(self) -> Path:
         """Where `export` writes the ONNX model, weights, tokenizer and serving.json."""
         return self.build_dir / "models" / self.model.name
+
+    def max_tokens(self, export_dir: Path | None = None) -> int:
+        """The tokens a text is cut to: model.max_tokens, or (0) the checkpoint's own limit, which its export
+        (export_dir, else the settings' own) wrote into serving.json."""
+        if self.model.max_tokens:
+            return self.model.max_tokens
+        return ServingSpec.load(export_dir or self.export_dir).max_tokens
 
     @property
     def repository_dir(self) -> Path:

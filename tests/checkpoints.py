@@ -1,5 +1,7 @@
-"""Tiny checkpoints of every encoder family, as Hugging Face and sentence-transformers save them: what the export,
-engine and server tests serve and hold to transformers, SentenceTransformer and CrossEncoder.
+"""Tiny checkpoints of every encoder family, saved by the libraries themselves (transformers' save_pretrained, then
+sentence-transformers' SentenceTransformer, CrossEncoder, SparseEncoder and MultiVectorEncoder save()): what the
+export, engine and server tests serve and hold to transformers and sentence-transformers. No config file is
+written here: each is what the installed release writes, so a new release's layout is what the tests read.
 
     make_checkpoint(tmp_path / "xlmr", "xlm-roberta", "embedding", pooling="cls")
 
@@ -10,18 +12,20 @@ WordPiece vocabulary), so that real sentences tokenize as they would for a real 
 
 from __future__ import annotations
 
-import json
+import tempfile
 from pathlib import Path
 
 import torch
 import transformers
+from tokenizers import Tokenizer
 
 from export.checkpoint import family_tokenizer
 from export.onnx_export import VALIDATION_SENTENCES
-from export.tokenizer_training import config_token_ids, save_tokenizer
+from export.tokenizer_training import FAMILIES, config_token_ids
 
 MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert", "mpnet", "modernbert")
 LABELS = ("negative", "neutral", "positive")  # a classification checkpoint's id2label
+POOLING_MODES = {"mean": "mean", "cls": "cls", "max": "max", "mean_sqrt_len": "mean_sqrt_len_tokens"}  # -> 6.x names
 VOCABULARY = 4000  # a trained tokenizer's: small, and enough for whole words of the validation sentences
 MAX_TOKENS = 512  # the tokenizer's model_max_length, and sentence-transformers' max_seq_length
 # Weights 5x the families' initializer_range: random encoders of 0.02 pool nearly the same vector for any text, so
@@ -46,6 +50,19 @@ TINY = {
 }  # fmt: skip
 
 
+def save_transformers_tokenizer(tokenizer: Tokenizer, model_type: str, folder: Path, max_tokens: int = MAX_TOKENS):
+    """The tokenizer saved by transformers itself (PreTrainedTokenizerFast.save_pretrained) with the family's special
+    tokens and inputs: the files a checkpoint of the family ships. The transformers tokenizer."""
+    family = FAMILIES[model_type]
+    inputs = ["input_ids", *(["token_type_ids"] if family.token_types else []), "attention_mask"]
+    special = {f"{name}_token": token for name, token in family.special.items()}
+    saved = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, model_max_length=max_tokens, model_input_names=inputs, **special
+    )
+    saved.save_pretrained(str(folder))
+    return saved
+
+
 def make_checkpoint(
     path: Path,
     model_type: str,
@@ -55,12 +72,22 @@ def make_checkpoint(
     normalize: bool = True,
     seed: int = 0,
     score_spread: float = 3.0,
+    prompts: dict[str, str] | None = None,
+    default_prompt_name: str | None = None,
+    max_seq_length: int | None = None,
+    do_lower_case: bool = False,
     **config_overrides,
 ) -> Path:
     """A `model_type` checkpoint for `task` (embedding | classification | rerank) in path, tiny unless
-    config_overrides say otherwise: an embedder with its sentence-transformers modules (`pooling`, and Normalize
-    if `normalize`), a classifier of three named labels, or a cross-encoder of one logit whose scores on the
-    validation sentences' pairs spread over about +-score_spread (real cross-encoders' reach +-10). The folder."""
+    config_overrides say otherwise, saved by sentence-transformers itself: a SentenceTransformer embedder of
+    [Transformer, Pooling(`pooling`), Normalize if `normalize`] (with `prompts`, `default_prompt_name`,
+    `max_seq_length`, `do_lower_case` as its Transformer and model take them), or a CrossEncoder: a classifier of
+    three named labels, or a reranker of one logit whose scores on the validation sentences' pairs spread over about
+    +-score_spread (real cross-encoders' reach +-10). The folder."""
+    from sentence_transformers import CrossEncoder, SentenceTransformer
+    from sentence_transformers.base.modules import Normalize, Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
     tokenizer = family_tokenizer(model_type, VOCABULARY)
     fields = {"vocab_size": tokenizer.get_vocab_size(), **config_token_ids(tokenizer, model_type), **TINY[model_type]}
     if task == "classification":
@@ -71,12 +98,21 @@ def make_checkpoint(
     torch.manual_seed(seed)
     auto = transformers.AutoModel if task == "embedding" else transformers.AutoModelForSequenceClassification
     model = auto.from_config(config).eval()
-    save_tokenizer(tokenizer, model_type, path, MAX_TOKENS)
-    if task == "rerank":
-        spread_scores(model, path, score_spread)
-    model.save_pretrained(str(path), safe_serialization=True)
-    if task == "embedding":
-        write_sentence_transformers(path, config.hidden_size, pooling, normalize)
+    with tempfile.TemporaryDirectory() as base:  # the Hugging Face model the library then loads and saves
+        save_transformers_tokenizer(tokenizer, model_type, Path(base))
+        if task == "rerank":
+            spread_scores(model, Path(base), score_spread)
+        model.save_pretrained(base, safe_serialization=True)
+        if task != "embedding":
+            CrossEncoder(base, device="cpu").save(str(path))
+            return path
+        transformer = Transformer(base, max_seq_length=max_seq_length, do_lower_case=do_lower_case)
+        modules = [transformer, Pooling(config.hidden_size, pooling_mode=POOLING_MODES[pooling])]
+        modules += [Normalize()] if normalize else []
+        encoder = SentenceTransformer(
+            modules=modules, prompts=prompts, default_prompt_name=default_prompt_name, device="cpu"
+        )
+        encoder.save(str(path))
     return path
 
 
@@ -95,25 +131,6 @@ def spread_scores(model: transformers.PreTrainedModel, path: Path, spread: float
         last.bias.sub_(logits.mean()).mul_(scale)
 
 
-def write_sentence_transformers(path: Path, hidden_size: int, pooling: str, normalize: bool) -> None:
-    """modules.json and its modules' folders: Transformer, Pooling in `pooling` mode, and Normalize."""
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-    ]
-    if normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
-        (path / "2_Normalize").mkdir(exist_ok=True)
-    (path / "modules.json").write_text(json.dumps(modules, indent=2) + "\n")
-    (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": MAX_TOKENS}) + "\n")
-    (path / "1_Pooling").mkdir(exist_ok=True)
-    modes = ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens")
-    chosen = {"cls": "cls_token", "mean": "mean_tokens", "max": "max_tokens", "mean_sqrt_len": "mean_sqrt_len_tokens"}
-    pooling_config = {"word_embedding_dimension": hidden_size}
-    pooling_config |= {f"pooling_mode_{mode}": mode == chosen[pooling] for mode in modes}
-    (path / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config, indent=2) + "\n")
-
-
 def make_sparse_checkpoint(
     path: Path, model_type: str = "bert", *, activation: str = "relu", nonzero: float = 0.01, seed: int = 0
 ) -> Path:
@@ -129,7 +146,7 @@ def make_sparse_checkpoint(
     fields = {"vocab_size": tokenizer.get_vocab_size(), **config_token_ids(tokenizer, model_type), **TINY[model_type]}
     torch.manual_seed(seed)
     model = transformers.AutoModelForMaskedLM.from_config(transformers.AutoConfig.for_model(model_type, **fields))
-    save_tokenizer(tokenizer, model_type, path, MAX_TOKENS)
+    save_transformers_tokenizer(tokenizer, model_type, path)
     batch = transformers.AutoTokenizer.from_pretrained(path)(
         VALIDATION_SENTENCES.read_text().splitlines(), padding=True, return_tensors="pt"
     )
@@ -142,11 +159,19 @@ def make_sparse_checkpoint(
 
 
 def make_multi_vector_checkpoint(
-    path: Path, *, attend: bool = False, strategy: str = "fixed", dim: int = 16, bias: bool = False, seed: int = 0
+    path: Path,
+    *,
+    attend: bool = False,
+    strategy: str = "fixed",
+    dim: int = 16,
+    bias: bool = False,
+    seed: int = 0,
+    normalize_last: bool = True,
 ) -> Path:
     """A ColBERT checkpoint in path, saved by sentence-transformers as a MultiVectorEncoder: random tiny BERT weights
     with MiniLM's WordPiece vocabulary, a Dense projection to `dim`, PyLate's punctuation skiplist on documents,
-    [unused0] / [unused1] prompts and query expansion to 16 tokens (`strategy`, `attend`). The folder."""
+    [unused0] / [unused1] prompts and query expansion to 16 tokens (`strategy`, `attend`); its MultiVectorMask
+    before its Normalize (`normalize_last`, the documented order) or after. The folder."""
     import string
 
     from sentence_transformers import MultiVectorEncoder
@@ -159,7 +184,7 @@ def make_multi_vector_checkpoint(
     torch.manual_seed(seed)
     backbone = path / "backbone"
     transformers.AutoModel.from_config(transformers.AutoConfig.for_model("bert", **fields)).save_pretrained(backbone)
-    save_tokenizer(tokenizer, "bert", backbone, MAX_TOKENS)
+    save_transformers_tokenizer(tokenizer, "bert", backbone)
     expansion = {"strategy": strategy, "attend": attend, "length": 16}
     modules = [
         Transformer(str(backbone), query_expansion=expansion, document_length=40),
@@ -170,9 +195,9 @@ def make_multi_vector_checkpoint(
             module_input_name="token_embeddings",
             activation_function=torch.nn.Identity(),
         ),
-        MultiVectorMask(list(string.punctuation)),
-        Normalize(module_input_name="token_embeddings"),
     ]
+    per_token = [MultiVectorMask(list(string.punctuation)), Normalize(module_input_name="token_embeddings")]
+    modules += per_token if normalize_last else per_token[::-1]
     prompts = {"query": "[unused0] ", "document": "[unused1] "}
     MultiVectorEncoder(modules=modules, prompts=prompts, device="cpu").save(str(path))
     return path

@@ -129,6 +129,7 @@ def trt_settings(settings, exported, tmp_path_factory):
     shutil.copytree(exported, build / "models" / settings.model.name)
     return dataclasses.replace(
         settings,
+        model=dataclasses.replace(settings.model, max_tokens=256),  # a plan's profiles need it set: MiniLM's own
         engine=dataclasses.replace(settings.engine, kind="tensorrt", precision="fp16"),
         encoder=dataclasses.replace(settings.encoder, gpus=(0,), instances=2),
         server=dataclasses.replace(settings.server, build_dir=str(build)),

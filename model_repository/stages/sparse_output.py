@@ -37,10 +37,11 @@ def padded(rows: list[SparseRow]) -> dict[str, np.ndarray]:
 
 
 class SparseOutput:
-    """The settings' defaults (config parameters) and each request's own."""
+    """The settings' defaults (config parameters) and each request's own. A SparseEncoder saved with
+    max_active_dims keeps that many entries unless the settings or the request say otherwise, as its encode() does."""
 
-    def __init__(self, params: dict[str, str]) -> None:
-        self.top_k = int(params[SPARSE_TOP_K])
+    def __init__(self, params: dict[str, str], max_active_dims: int = 0) -> None:
+        self.top_k = int(params[SPARSE_TOP_K]) or max_active_dims
         self.threshold = float(params[SPARSE_THRESHOLD])
 
     def options(self, parameters: str) -> tuple[int, float]:

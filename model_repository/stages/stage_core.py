@@ -23,7 +23,9 @@ from .engines import Engine
 from .hybrid_output import HybridOutput
 from .late_chunking import LateChunking, chunk_size
 from .multi_vector_output import MultiVectorSides, answer
+from .prompts import Prompts
 from .sparse_output import SparseOutput
+from .static_query import StaticQuery, asks_for_queries
 from .text_input import TextInput
 
 Answer = dict[str, np.ndarray] | str  # a request's outputs by name, or why it is refused
@@ -95,7 +97,9 @@ class StageCore:
         spec = engine.spec
         self.labels = label_array(spec.labels) if spec.task == "classification" else None
         self.pairs = spec.pairs
-        self.sparse = SparseOutput(params) if spec.task == "sparse" else None
+        self.sparse = SparseOutput(params, spec.max_active_dims) if spec.task == "sparse" else None
+        self.static_query = StaticQuery(version_dir, spec.max_tokens) if spec.static_query else None
+        self.prompts = Prompts(spec)
         self.hybrid = HybridOutput(params, spec.hybrid) if spec.task == "hybrid" else None
         self.late = LateChunking(*text.special_tokens()) if spec.task == "embedding" else None
         multi = spec.task == "multi_vector"
@@ -118,22 +122,32 @@ class StageCore:
         """The indices of the plain path's requests, and of those answer_other takes (late chunks, multi-vector)."""
         if self.sides is not None:
             return [], list(range(len(requests)))
-        if self.late is None:
+        if self.late is None and self.static_query is None:
             return list(range(len(requests))), []
         plain, others = [], []
         for index, request in enumerate(requests):
             try:
-                late = chunk_size(request.parameters()) is not None
+                other = self._other(request.parameters())
             except ValueError:
-                late = True  # answer_other words the refusal
-            (others if late else plain).append(index)
+                other = True  # answer_other words the refusal
+            (others if other else plain).append(index)
         return plain, others
+
+    def _other(self, parameters: str) -> bool:
+        """Whether answer_other takes the request: late chunks, or a static sparse model's queries."""
+        if self.static_query is not None:
+            return asks_for_queries(parameters)
+        return chunk_size(parameters) is not None
+
+    def request_prompts(self, requests: list[HeldRequest]) -> list[str | ValueError] | None:
+        """Each request's prompt (prompts.py); None for a model without prompts."""
+        return [self.prompts.prefix(request.parameters()) for request in requests] if self.prompts.any else None
 
     # --- the plain path in three steps ------------------------------------------------------------------------
     def prepare(self, requests: list[HeldRequest]) -> Prepared:
         texts_in = [request.text for request in requests]
         queries_in = [request.query for request in requests] if self.pairs else None
-        parts, ids, lengths, types = self.text.tokenize(texts_in, queries_in)
+        parts, ids, lengths, types = self.text.tokenize(texts_in, queries_in, self.request_prompts(requests))
         wanted = self.hybrid.wanted(requests) if self.hybrid is not None else None
         return Prepared(requests, parts, ids, lengths, types, wanted)
 
@@ -182,6 +196,8 @@ class StageCore:
             return []
         if self.sides is not None:
             return self._multi_vector(requests)
+        if self.static_query is not None:
+            return self._static_queries(requests)
         answers: list = [None] * len(requests)
         groups: dict[int, list[int]] = {}
         for index, request in enumerate(requests):
@@ -197,7 +213,8 @@ class StageCore:
     def _late_chunks(self, requests: list[HeldRequest], size: int) -> list[Answer]:
         """Each text in one pass, its chunks of `size` tokens pooled (late_chunking.py); the engine's refusal (one
         that pools whole sequences only) is every request's."""
-        parts, ids, lengths, _ = self.text.tokenize([request.text for request in requests])
+        texts_in = [request.text for request in requests]
+        parts, ids, lengths, _ = self.text.tokenize(texts_in, None, self.request_prompts(requests))
         bounds, per_text, kept = self.late.spans(lengths, size)
         try:
             pooled = self.engine.pool_spans(ids, lengths, bounds) if len(lengths) else None
@@ -213,6 +230,24 @@ class StageCore:
             spans = slice(span_ends[part.start], span_ends[part.stop])
             outputs = self.late.tensors(pooled[spans], per_text[part], kept[spans])
             outputs[TOKENS_OUTPUT] = lengths[part].astype(np.int32).reshape(-1, 1)
+            answers.append(outputs)
+        return answers
+
+    def _static_queries(self, requests: list[HeldRequest]) -> list[Answer]:
+        """A static sparse model's queries: each token's weight, no engine (static_query.py)."""
+        texts, parts = self.text.gather([request.text for request in requests], self.request_prompts(requests))
+        rows, lengths = self.static_query.rows(texts)
+        answers: list[Answer] = []
+        for request, part in zip(requests, parts, strict=True):
+            if isinstance(part, str):
+                answers.append(part)
+                continue
+            try:
+                outputs = self.sparse.tensors(rows[part], request.parameters())
+            except ValueError as exc:
+                answers.append(str(exc))
+                continue
+            outputs[TOKENS_OUTPUT] = lengths[part].reshape(-1, 1)
             answers.append(outputs)
         return answers
 

@@ -115,8 +115,21 @@ class TextInput:
         added = self.tokenizer.tokenizer.num_special_tokens_to_add(False)
         return min(added, 1), added - min(added, 1)
 
-    def gather(self, raws: list[np.ndarray]) -> tuple[list[str], list[slice | str]]:
-        return gather_texts(raws, self.max_text_bytes, self.max_request_bytes)
+    def gather(
+        self, raws: list[np.ndarray], prompts: list[str | ValueError] | None = None
+    ) -> tuple[list[str], list[slice | str]]:
+        """Every request's texts and its slice of them or its refusal; with `prompts`, each request's texts behind
+        its prompt (an error refuses the request)."""
+        if prompts is None:
+            return gather_texts(raws, self.max_text_bytes, self.max_request_bytes)
+
+        def decode(raw: np.ndarray, prompt: str | ValueError) -> tuple[list[str]]:
+            if isinstance(prompt, ValueError):
+                raise prompt
+            return ([prompt + text for text in request_texts(raw, self.max_text_bytes, self.max_request_bytes)],)
+
+        rows, parts = gather(list(zip(raws, prompts, strict=True)), decode)
+        return [text for (text,) in rows], parts
 
     def gather_pairs(
         self, query_raws: list[np.ndarray], text_raws: list[np.ndarray]
@@ -130,12 +143,16 @@ class TextInput:
         return [query for query, _ in rows], [text for _, text in rows], parts
 
     def tokenize(
-        self, text_raws: list[np.ndarray], query_raws: list[np.ndarray] | None = None
+        self,
+        text_raws: list[np.ndarray],
+        query_raws: list[np.ndarray] | None = None,
+        prompts: list[str | ValueError] | None = None,
     ) -> tuple[list[slice | str], np.ndarray, np.ndarray, np.ndarray | None]:
         """Every request's texts (with query_raws: its (query, text) pairs) gathered and tokenized in one call:
-        each request's slice of the rows or its refusal, then the packed ids, lengths and token types (pairs)."""
+        each request's slice of the rows or its refusal, then the packed ids, lengths and token types (pairs).
+        prompts: each request's prompt before its texts (gather)."""
         if query_raws is None:
-            texts, parts = self.gather(text_raws)
+            texts, parts = self.gather(text_raws, prompts)
             ids, lengths = self.tokenizer.encode(texts)
             return parts, ids, lengths, None
         queries, texts, parts = self.gather_pairs(query_raws, text_raws)

@@ -21,11 +21,12 @@ import gc
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from common.contract import ENGINE_INPUTS, QUERY_INPUT, TEXT_INPUT, TOKEN_TYPES, TOKENS_OUTPUT
+from common.contract import ENGINE_INPUTS, QUERY_INPUT, TEXT_INPUT, TOKEN_TYPES, TOKENS_OUTPUT, ServingSpec
 from common.padding import pad_packed
 
 from .model_args import instance_count, model_config
 from .parent_watch import exit_with_parent
+from .prompts import Prompts
 from .stage_metrics import StageMetrics, tokenizer_counts, tokenizer_metrics
 from .text_input import TextInput
 
@@ -35,6 +36,7 @@ class TritonPythonModel:
         exit_with_parent()  # a killed tritonserver leaves no stub behind (parent_watch.py)
         config, params, version_dir = model_config(args)
         self.text = TextInput(version_dir, params, instance_count(config), pb_utils.Logger.log_info)
+        self.prompts = Prompts(ServingSpec.load(version_dir))
         self.pad_id = int(params["pad_token_id"])
         self.buckets = [int(b) for b in params.get("pad_to_buckets", "").split(",") if b]
         self.pairs = params.get("pairs") == "true"  # a reranker's (query, text) rows
@@ -54,7 +56,8 @@ class TritonPythonModel:
         queries_in = (
             [pb_utils.get_input_tensor_by_name(r, QUERY_INPUT).as_numpy() for r in requests] if self.pairs else None
         )
-        parts, ids, lengths, types = self.text.tokenize(texts_in, queries_in)
+        prompts = [self.prompts.prefix(request.parameters()) for request in requests] if self.prompts.any else None
+        parts, ids, lengths, types = self.text.tokenize(texts_in, queries_in, prompts)
         self._record(len(requests), lengths)
         starts = np.cumsum(lengths) - lengths
         tokens = lengths.astype(np.int32).reshape(-1, 1)

@@ -45,7 +45,7 @@ class Window:
 
 def text_room(model: ServedModel) -> int:
     """How many of the text's own tokens one window holds: max_tokens less the special tokens around them."""
-    return model.settings.model.max_tokens - model.whole.num_special_tokens_to_add(False)
+    return model.max_tokens - model.whole.num_special_tokens_to_add(False)
 
 
 def requested_chunking(body: dict, model: ServedModel) -> Chunking | None:
@@ -64,6 +64,9 @@ def requested_chunking(body: dict, model: ServedModel) -> Chunking | None:
         if body.get(field) is not None:
             message = f"'{field}' does not combine with 'chunking': each window is a span of the text as sent"
             raise ApiError(400, message, field)
+    if model.prompt(None):
+        message = f"{model.name} reads every text behind its default prompt: a window would not be a span of the text"
+        raise ApiError(400, message, "chunking")
     overlap, room = chunking.get("overlap_tokens", 0), text_room(model)
     if isinstance(overlap, bool) or not isinstance(overlap, int) or not 0 <= overlap < room:
         message = f"'chunking.overlap_tokens' must be an integer in 0..{room - 1}: {model.name}'s window holds {room}"
@@ -82,7 +85,7 @@ def requested_chunking(body: dict, model: ServedModel) -> Chunking | None:
 
 
 def _fits(model: ServedModel, text: str) -> bool:
-    return len(model.whole.encode(text).ids) <= model.settings.model.max_tokens
+    return len(model.whole.encode(text).ids) <= model.max_tokens
 
 
 def text_spans(model: ServedModel, text: str, overlap: int) -> list[tuple[int, int]]:

@@ -4,14 +4,13 @@ whose clients name no model)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer
 
-from common.contract import PROMPTS_FILE, SERVING_FILE, ServingSpec
+from common.contract import SERVING_FILE, ServingSpec
 from common.hf_tokenizer import load_tokenizer
 from serving.api.quantization import CALIBRATED, Calibration
 from serving.api.schema import ApiError, Limits
@@ -55,6 +54,22 @@ class ServedModel:
     def task(self) -> str:
         return self.spec.task
 
+    def prompt(self, name: str | None) -> str:
+        """The prompt a request names (TEI's prompt_name), or the model's default prompt where it names none, as
+        sentence-transformers' encode() reads it; 400 naming the model's prompts for one it does not have."""
+        if name is None:
+            default = self.spec.default_prompt_name
+            return self.prompts.get(default, "") if default else ""
+        if name not in self.prompts:
+            known = ", ".join(sorted(self.prompts)) or "none"
+            raise ApiError(400, f"'prompt_name' {name!r} is not one of the model's prompts ({known})", "prompt_name")
+        return self.prompts[name]
+
+    @property
+    def max_tokens(self) -> int:
+        """The tokens a text is cut to: the export's (the checkpoint's own limit, or model.max_tokens)."""
+        return self.spec.max_tokens
+
     @property
     def max_texts(self) -> int:
         return self.settings.ensemble.max_batch_size
@@ -93,11 +108,10 @@ def served_model(deployment: Deployment, settings: Settings, repository: Path) -
     if not (folder / SERVING_FILE).is_file():
         raise SystemExit(f"{folder} holds no {SERVING_FILE}: run `make repo` for these settings first")
     spec = ServingSpec.load(folder)
-    tokenizer = load_tokenizer(folder / "tokenizer.json", settings.model.max_tokens)
+    tokenizer = load_tokenizer(folder / "tokenizer.json", spec.max_tokens)
     whole = Tokenizer.from_str(tokenizer.to_str())
     whole.no_truncation()
-    prompts_file = folder / PROMPTS_FILE
-    prompts = json.loads(prompts_file.read_text()).get("prompts", {}) if prompts_file.is_file() else {}
+    prompts = dict(spec.prompts or {})
     limits = Limits(deployment.api.max_inputs, settings.tokenizer.max_text_bytes, spec.output_size)
     calibration = Calibration.load(folder)
     lane, stream = names.lane_in(repository), names.stream_in(repository)

@@ -36,7 +36,7 @@ def rerank(version: str):
         parsed = cohere_rerank_request(body, model.limits)
         documents = parsed.documents
         per_doc = body.get("max_tokens_per_doc")
-        if per_doc is not None and per_doc < model.settings.model.max_tokens:
+        if per_doc is not None and per_doc < model.max_tokens:
             texts = keep_first(model, [document.decode("utf-8") for document in documents], per_doc)
             documents = [text.encode("utf-8") for text in texts]
         scores = sigmoid(await pair_scores(request, model, parsed.query, documents))
@@ -49,7 +49,8 @@ def read_as_asked(model: ServedModel, parsed: CohereEmbedRequest) -> list[bytes]
     """The texts as the model is to read them: the input type's prompt in front, cut as truncate says (END, the
     default, is the stages' own: a text's first max_tokens tokens)."""
     names = INPUT_TYPES.get(parsed.input_type, ())
-    prompt = next((model.prompts[name] for name in names if name in model.prompts), "")
+    prompt = next((model.prompts[name] for name in names if name in model.prompts), None)
+    prompt = model.prompt(None) if prompt is None else prompt  # as encode_query() falls back to the default
     if not prompt and parsed.truncate == "END":
         return parsed.texts
     texts = [prompt + data.decode("utf-8") for data in parsed.texts]

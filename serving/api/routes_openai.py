@@ -57,7 +57,9 @@ async def embeddings(request: web.Request) -> web.Response:
     ranges = model.ranges_for((parsed.encoding_format,), "encoding_format", parsed.dimensions)
     chunking = requested_chunking(body, model)
     if chunking is None:
-        vectors, tokens = await embed_texts(request, model, parsed.encoded, parsed.dimensions, normalize=True)
+        prompt = model.prompt(None).encode("utf-8")  # a model's default prompt, as encode() reads a text
+        encoded = [prompt + data for data in parsed.encoded] if prompt else parsed.encoded
+        vectors, tokens = await embed_texts(request, model, encoded, parsed.dimensions, normalize=True)
         return answer(openai_response(vectors, tokens, parsed.encoding_format, model.name, ranges))
     texts = [data.decode("utf-8") for data in parsed.encoded]
     vectors, tokens, places = await embed_chunks(request, model, texts, chunking, parsed.dimensions, True, "input")

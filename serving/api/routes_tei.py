@@ -10,6 +10,8 @@ import numpy as np
 from aiohttp import web
 
 from common.contract import (
+    INPUT_TYPE,
+    INPUT_TYPES,
     QUERY_INPUT,
     SCORE_OUTPUT,
     SPARSE_INDICES,
@@ -39,21 +41,16 @@ from serving.api.service import answer, api_of, read_json
 from serving.api.truncation import keep_last, refuse_over_limit
 
 EMBED_FIELDS = frozenset({"normalize", "truncate", "truncation_direction", "prompt_name", "dimensions", "chunking"})
-SPARSE_FIELDS = frozenset({"truncate", "truncation_direction", "prompt_name", "top_k", "threshold"})
+SPARSE_FIELDS = frozenset({"truncate", "truncation_direction", "prompt_name", "top_k", "threshold", INPUT_TYPE})
 
 
 def prepared(model: ServedModel, encoded: list[bytes], body: dict, param: str = "inputs") -> list[bytes]:
-    """The texts as the model is to read them: its prompt in front (prompt_name), cut as truncate and
-    truncation_direction ask (the stages keep a text's first max_tokens tokens)."""
-    name, direction = body.get("prompt_name"), (body.get("truncation_direction") or "right").lower()
-    if name is None and body.get("truncate") is not False and direction == "right":
+    """The texts as the model is to read them: its prompt in front (prompt_name, else the model's default prompt),
+    cut as truncate and truncation_direction ask (the stages keep a text's first max_tokens tokens)."""
+    prompt, direction = model.prompt(body.get("prompt_name")), (body.get("truncation_direction") or "right").lower()
+    if not prompt and body.get("truncate") is not False and direction == "right":
         return encoded
-    texts = [data.decode("utf-8") for data in encoded]
-    if name is not None:
-        if name not in model.prompts:
-            known = ", ".join(sorted(model.prompts)) or "none"
-            raise ApiError(400, f"'prompt_name' {name!r} is not one of the model's prompts ({known})", "prompt_name")
-        texts = [model.prompts[name] + text for text in texts]
+    texts = [prompt + data.decode("utf-8") for data in encoded]
     if body.get("truncate") is False:
         refuse_over_limit(model, texts, param)
     elif direction == "left":
@@ -78,9 +75,14 @@ async def embed(request: web.Request) -> web.Response:
 
 
 def sparse_parameters(body: dict) -> dict[str, int | float]:
-    """The request's top_k and threshold (ours, beside TEI's fields) as the stage's KServe parameters; the
-    settings' [sparse] where it gives none."""
+    """The request's top_k, threshold and input_type (ours, beside TEI's fields) as the stage's KServe parameters;
+    the settings' [sparse] where it gives none. input_type query: an inference-free model's query side."""
     parameters = {}
+    side = body.get(INPUT_TYPE)
+    if side is not None:
+        if side not in INPUT_TYPES:
+            raise ApiError(400, f"'{INPUT_TYPE}' must be one of {', '.join(INPUT_TYPES)}", INPUT_TYPE)
+        parameters[INPUT_TYPE] = side
     top_k, threshold = body.get("top_k"), body.get("threshold")
     if top_k is not None:
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
@@ -217,7 +219,7 @@ def model_info(model: ServedModel) -> dict:
         "model_dtype": choice.precision,
         "engine": choice.kind,  # ours, beside TEI's fields: which engine the model's stage runs
         "model_type": model_type,
-        "max_input_length": model.settings.model.max_tokens,
+        "max_input_length": model.max_tokens,
         "max_client_batch_size": model.limits.max_inputs,
         "max_batch_bytes": model.max_bytes,
         "prompts": sorted(model.prompts),

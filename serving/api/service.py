@@ -11,7 +11,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from common.contract import LANE_PARAMETER, TOKENS_OUTPUT
+from common.contract import LANE_PARAMETER, PROMPT_PARAMETER, TOKENS_OUTPUT
 from protocol.api_key import api_key
 from serving.api.call_stats import CallStats
 from serving.api.coalescer import Coalescer
@@ -68,9 +68,13 @@ class Api:
         key = (triton, outputs, lane)
         if key not in self._coalescers:
             settings = self.deployment.api
+            # The routes put a model's default prompt in front of the texts themselves (ServedModel.prompt), so
+            # its calls ask the stage for none.
+            parameters = {PROMPT_PARAMETER: ""} if model.spec.default_prompt_name else {}
+            parameters |= {LANE_PARAMETER: lane} if lane else {}
             self._coalescers[key] = Coalescer(
                 self.link, triton, list(outputs), model.max_texts, model.max_bytes,
-                settings.coalesce_calls, settings.coalesce_window_ms / 1000, {LANE_PARAMETER: lane} if lane else None,
+                settings.coalesce_calls, settings.coalesce_window_ms / 1000, parameters or None,
             )  # fmt: skip
         return self._coalescers[key]
 

@@ -34,7 +34,7 @@ def refuse_over_limit(
 ) -> None:
     """TEI's truncate: false, Cohere's truncate: NONE: a text (or a reranker's (query, text) pair) the model would
     truncate is refused, as TEI refuses it (413) or Cohere (400)."""
-    limit = model.settings.model.max_tokens
+    limit = model.max_tokens
     for index, encoding in enumerate(model.whole.encode_batch(texts)):
         if len(encoding.ids) > limit:
             where = param if len(texts) == 1 else f"{param}[{index}]"
@@ -54,7 +54,7 @@ def _over(model: ServedModel, texts: list[str], room: int, cut) -> list[str]:
 def keep_last(model: ServedModel, texts: list[str]) -> list[str]:
     """truncation_direction: Left: each text cut so that its last tokens are what the model keeps. The cut goes
     at a word's start, so a word cut in two is dropped whole rather than read as another word."""
-    room = model.settings.model.max_tokens - model.whole.num_special_tokens_to_add(False)
+    room = model.max_tokens - model.whole.num_special_tokens_to_add(False)
 
     def cut(text: str, encoding: Encoding, inner: list[int]) -> str:
         first = len(inner) - room

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from common.hf_tokenizer import load_tokenizer
+from export.__main__ import read
 from export.checkpoint import resolve_source, tokenizer_file
 from export.onnx_export import VALIDATION_SENTENCES
 from settings import load_settings
@@ -24,7 +25,9 @@ def main() -> None:
 
     settings = load_settings()
     sentences = VALIDATION_SENTENCES.read_text().splitlines()
-    tokenizer = load_tokenizer(tokenizer_file(settings.model.source), settings.model.max_tokens)
+    model = settings.model
+    max_tokens = read(model.source, model.task, model.max_tokens).max_tokens  # the checkpoint's own, as exported
+    tokenizer = load_tokenizer(tokenizer_file(model.source), max_tokens)
     ids = [np.array(e.ids, dtype=np.int32) for e in tokenizer.encode_batch(sentences)]
     model = SentenceTransformer(str(resolve_source(settings.model.source)), device="cpu")
     embeddings = model.encode(sentences, batch_size=1, convert_to_numpy=True).astype(np.float32)

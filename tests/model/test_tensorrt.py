@@ -106,6 +106,7 @@ def test_make_engines_without_tensorrt_says_what_to_run(trt_settings, tmp_path):
     settings_file = tmp_path / "settings.toml"
     text = trt_settings.path.read_text().replace('kind = "auto"', 'kind = "tensorrt"')
     text = text.replace('precision = "auto"', 'precision = "fp16"').replace("gpus = []", "gpus = [0]")
+    text = text.replace("max_tokens = 0 ", "max_tokens = 256 ")  # a plan's profiles need it set
     settings_file.write_text(text.replace('build_dir = "build"', f'build_dir = "{trt_settings.server.build_dir}"'))
     run = subprocess.run([sys.executable, "-m", "export.tensorrt", "--settings", str(settings_file)],
                          capture_output=True, text=True, cwd=ROOT, timeout=300)  # fmt: skip

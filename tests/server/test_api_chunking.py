@@ -28,7 +28,7 @@ def cosines(a, b) -> np.ndarray:
 
 
 def test_openai_sdk_gets_each_window_as_sentence_transformers_embeds_its_span(
-    front, settings, reference_model, document
+    front, settings, exported, reference_model, document
 ):
     sdk = openai.OpenAI(base_url=front.url + "/v1", api_key="unused", max_retries=0)
     texts = [document, SENTENCES[0]]
@@ -44,7 +44,7 @@ def test_openai_sdk_gets_each_window_as_sentence_transformers_embeds_its_span(
     assert cosines([item.embedding for item in answer.data], reference).min() >= 0.9999
     tokenizer = reference_model.tokenizer
     counts = [len(ids) for ids in tokenizer(pieces)["input_ids"]]
-    assert max(counts) <= settings.model.max_tokens and answer.usage.prompt_tokens == sum(counts)
+    assert max(counts) <= settings.max_tokens(exported) and answer.usage.prompt_tokens == sum(counts)
 
 
 def test_tei_embed_answers_each_texts_windows_with_their_spans(front, settings, document):

@@ -38,7 +38,7 @@ def cosines(a, b) -> np.ndarray:
 
 
 def token_counts(exported, settings) -> list[int]:
-    tokenizer = load_tokenizer(exported / "tokenizer.json", settings.model.max_tokens)
+    tokenizer = load_tokenizer(exported / "tokenizer.json", settings.max_tokens(exported))
     return [len(encoding.ids) for encoding in tokenizer.encode_batch(SENTENCES)]
 
 
@@ -55,7 +55,9 @@ def test_openai_sdk_gets_the_ensembles_embeddings(sdk, ensemble, reference_model
     reference = reference_model.encode(SENTENCES, normalize_embeddings=True)
     assert cosines(vectors, reference).min() >= 0.9999
     counts = token_counts(exported, settings)
-    assert max(counts) == settings.model.max_tokens and min(counts) == 2, "the long text truncated, '' is [CLS] [SEP]"
+    assert max(counts) == settings.max_tokens(exported) and min(counts) == 2, (
+        "the long text truncated, '' is [CLS] [SEP]"
+    )
     assert answer.usage.prompt_tokens == answer.usage.total_tokens == sum(counts)
 
 
@@ -105,14 +107,14 @@ def test_tei_embed_and_tokenize(front, ensemble, exported, settings):
     embedded = front.post("/embed", {"inputs": SENTENCES})
     assert cosines(embedded.json(), ensemble).min() >= 0.99999
     assert cosines(front.post("/embed", {"inputs": SENTENCES[0]}).json(), ensemble[:1]).min() >= 0.99999
-    tokenizer = load_tokenizer(exported / "tokenizer.json", settings.model.max_tokens)
+    tokenizer = load_tokenizer(exported / "tokenizer.json", settings.max_tokens(exported))
     (tokens,) = front.post("/tokenize", {"inputs": "Hello world"}).json()
     encoding = tokenizer.encode("Hello world")
     assert [t["id"] for t in tokens] == encoding.ids
     assert [t["special"] for t in tokens] == [True, False, False, True]
     assert [(t["start"], t["stop"]) for t in tokens[1:-1]] == [(0, 5), (6, 11)]
     info = httpx.get(front.url + "/info").json()
-    assert info["model_id"] == settings.model.name and info["max_input_length"] == settings.model.max_tokens
+    assert info["model_id"] == settings.model.name and info["max_input_length"] == settings.max_tokens(exported)
 
 
 def test_health_and_metrics(front):

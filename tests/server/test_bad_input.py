@@ -68,9 +68,9 @@ def test_odd_texts_embed_as_documented(server, good_after, reference_model, text
         np.testing.assert_allclose(got, equivalent[0], atol=1e-6, rtol=0)
 
 
-def test_truncation_is_to_the_first_max_tokens(server, good_after, settings):
+def test_truncation_is_to_the_first_max_tokens(server, good_after, settings, exported):
     # Words that are one token each: the text past max_tokens must not change the embedding.
-    head = " ".join(["river"] * (settings.model.max_tokens - 2))
+    head = " ".join(["river"] * (settings.max_tokens(exported) - 2))
     with TextClient(server.grpc_url, "grpc") as client:
         short, long = client.embed([head, head + " mountain" * 300])
     np.testing.assert_allclose(short, long, atol=1e-5)

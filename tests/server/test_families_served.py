@@ -46,10 +46,15 @@ TEXTS = [*load_text()[:12], *MULTILINGUAL_SENTENCES.read_text().splitlines()[:12
 QUERY = VALIDATION_SENTENCES.read_text().splitlines()[0]
 
 
+# The MPNet embedder is saved with prompts and a default one: every way in reads a text behind it as encode() does.
+PROMPTED = {"mpnet": {"prompts": {"query": "query: ", "document": "passage: "}, "default_prompt_name": "query"}}
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict:
     work = tmp_path_factory.mktemp("family_checkpoints")
-    return {name: make_checkpoint(work / name, model_type, task) for name, (model_type, task, _, _) in MODELS.items()}
+    return {name: make_checkpoint(work / name, model_type, task, **PROMPTED.get(name, {}))
+            for name, (model_type, task, _, _) in MODELS.items()}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +96,30 @@ def test_the_openai_sdk_gets_sentence_transformers_embeddings(launcher, checkpoi
     answer = sdk.embeddings.create(model=name, input=TEXTS)
     served = np.array([row.embedding for row in answer.data])
     expected = sentence_transformer(checkpoints[name], MODELS[name][3]).encode(TEXTS, convert_to_numpy=True)
+    cosine = (served * expected).sum(1) / np.linalg.norm(served, axis=1) / np.linalg.norm(expected, axis=1)
+    assert cosine.min() >= 0.9999, cosine
+
+
+def test_a_default_prompt_is_read_by_every_way_in(launcher, checkpoints):
+    """The MPNet embedder's default prompt: over gRPC (the stage puts it in front) and through the API front (which
+    does, and asks the stage for none), as encode(); a named prompt as encode(prompt_name=...), an unknown one a 400."""
+    model = sentence_transformer(checkpoints["mpnet"], MODELS["mpnet"][3])
+    texts = TEXTS[:8]
+    with TextClient(f"127.0.0.1:{launcher.ports.grpc}", "grpc", model="mpnet") as client:
+        close(client.infer(texts)["embedding"], model.encode(texts))
+    cohere_answer = cohere.ClientV2(base_url=api_url(launcher), api_key="unused").embed(
+        model="mpnet", texts=texts, input_type="search_document", embedding_types=["float"]
+    )
+    close(np.array(cohere_answer.embeddings.float_), model.encode(texts, prompt_name="document"))
+    status, answer = api_post(launcher, "/v2/embed", {"model": "mpnet", "texts": ["x"], "input_type": "clustering",
+                                                      "embedding_types": ["float"]})  # fmt: skip
+    assert status == 200, answer
+    close(np.array(answer["embeddings"]["float"]), model.encode(["x"]))
+    status, answer = api_post(launcher, "/v1/embeddings", {"model": "mpnet", "input": texts, "chunking": {}})
+    assert status == 400 and "default prompt" in answer["error"]["message"], answer
+
+
+def close(served: np.ndarray, expected: np.ndarray) -> None:
     cosine = (served * expected).sum(1) / np.linalg.norm(served, axis=1) / np.linalg.norm(expected, axis=1)
     assert cosine.min() >= 0.9999, cosine
 

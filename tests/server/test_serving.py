@@ -96,7 +96,7 @@ def test_classification_returns_the_engines_scores_and_labels(
     finally:
         server.stop()
     # The reference: PyTorch (transformers) on the exported checkpoint and the same token ids, softmax in float64.
-    tokenizer = load_tokenizer(classification_export / "tokenizer.json", settings.model.max_tokens)
+    tokenizer = load_tokenizer(classification_export / "tokenizer.json", settings.max_tokens(classification_export))
     encoded = tokenizer.encode_batch(texts)
     ids = torch.zeros((len(texts), max(len(e.ids) for e in encoded)), dtype=torch.long)
     for row, encoding in enumerate(encoded):

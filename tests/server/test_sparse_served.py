@@ -68,7 +68,8 @@ def test_tei_embed_sparse_gives_the_sparse_encoders_weights(launcher, checkpoint
     status, root = api_post(launcher, "/", {"inputs": TEXTS[0]})
     (alone,), (batched,) = tei_rows(root), tei_rows(answer[:1])
     assert status == 200 and alone[0] == batched[0]
-    np.testing.assert_allclose(alone[1], batched[1], atol=1e-6)  # fp32 rounding moves with the batch's padding
+    # fp32 rounding moves with the batch's padding: a few ulps of each weight (1.5e-6 of 0.12 seen)
+    np.testing.assert_allclose(alone[1], batched[1], rtol=2e-5, atol=1e-6)
 
 
 def test_tei_top_k_and_threshold_cut_each_text(launcher):
@@ -87,6 +88,7 @@ def test_tei_top_k_and_threshold_cut_each_text(launcher):
         ({"inputs": "x", "top_k": "5"}, "top_k"),
         ({"inputs": "x", "threshold": -1}, "threshold"),
         ({"inputs": "x", "normalize": True}, "normalize"),
+        ({"inputs": "x", "input_type": "both"}, "input_type"),
         ({"inputs": 3}, "inputs"),
     ],
 )

@@ -24,7 +24,7 @@ def test_stage_metrics_on_the_metrics_port(topology_server, exported, settings):
     one_stage = server.settings.topology == "one_stage"
     tokenizing, encoding = ("ensemble", "ensemble") if one_stage else ("tokenizer", "encoder")
     texts = ["Triton batches requests dynamically.", "A second, somewhat longer text about tokenization.", "ok"]
-    tokenizer = load_tokenizer(exported / "tokenizer.json", settings.model.max_tokens)
+    tokenizer = load_tokenizer(exported / "tokenizer.json", settings.max_tokens(exported))
     tokens = sum(len(tokenizer.encode(text).ids) for text in texts)
     time.sleep(2 * FLUSH_INTERVAL_S)  # what earlier requests (the warm-up, other tests) counted is sent by now
     before = scrape(server.host, server.ports.metrics)

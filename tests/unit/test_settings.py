@@ -19,7 +19,10 @@ from settings.deployment import python_stubs
     [
         ('task = "embedding"', 'task = "summarize"', "model.task"),
         ('kind = "auto"', 'kind = "tensorflow"', "engine.kind"),
-        ("max_tokens = 256", "max_tokens = 16384", "max_tokens"),
+        ("max_tokens = 0", "max_tokens = 16384", "max_tokens"),
+        ("max_tokens = 0", "max_tokens = 1", "max_tokens"),
+        ('pooling = "auto"', 'pooling = "weightedmean"', "model.pooling"),
+        ('normalize = "auto"', 'normalize = "yes"', "model.normalize"),
         ("instances = 1", "instances = 0", "instances"),
         ("max_text_bytes = 1048576", "max_text_bytes = 0", "max_text_bytes"),
         ("max_text_bytes = 1048576", "max_text_bytes = 1.0e6", "max_text_bytes"),
@@ -92,7 +95,8 @@ def test_engine_and_topology_must_agree(overrides, message):
 def test_auto_topology_follows_the_engine():
     assert load_settings(None, ['engine.kind="torch"']).topology == "one_stage", "torch on the CPU, fp32"
     tensorrt = ['engine.kind="tensorrt"', 'engine.precision="fp16"', "encoder.gpus=[0]"]
-    assert load_settings(None, [*tensorrt, "tensorrt.sequence_buckets=[16, 256]"]).topology == "two_stage"
+    buckets = ["tensorrt.sequence_buckets=[16, 256]", "model.max_tokens=256"]
+    assert load_settings(None, [*tensorrt, *buckets]).topology == "two_stage"
 
 
 @pytest.mark.parametrize(
