@@ -8,7 +8,7 @@ empty :=
 space := $(empty) $(empty)
 STAMP := build/stamps/$(subst $(space),+,$(subst /,_,$(strip $(SETTINGS))))
 
-.PHONY: setup export engines repo serve test test-unit test-gpu lint typecheck bench perf-check loadtest reliability images compose bundle chart-check clean
+.PHONY: setup explain export engines repo serve test test-unit test-gpu compat-fixtures test-compat lint typecheck bench perf-check loadtest reliability images compose bundle chart-check clean
 
 setup: $(VENV)/.installed
 
@@ -57,6 +57,84 @@ test: $(VENV)/.installed
 # The unit tests alone: no export, no server, seconds.
 test-unit: $(VENV)/.installed
 	$(PY) -m pytest -q tests/unit
+
+# Checkpoints as each library version saves them (tests/compat/): a venv per writer under build/compat/envs/, each
+# saving its checkpoints with its own outputs into build/compat/fixtures/<writer>/; test-compat builds them, then runs
+# the checkpoint tests (-m checkpoints) in a venv like the main one with the newest sentence-transformers. Every step
+# is stamped, so a second run costs nothing (docs/settings.md).
+COMPAT := build/compat
+COMPAT_ENVS := $(COMPAT)/envs
+COMPAT_STAMPS := $(COMPAT)/stamps
+# sentence-transformers releases, each with the newest transformers 4 it takes; the pinned one (.venv), the newest
+# (envs/newest), PyLate (its own transformers 5) and FlagEmbedding's M3 (.venv).
+COMPAT_ST := 2.7.0 3.4.1 4.1.0 5.7.0
+COMPAT_TRANSFORMERS := 4.57.6
+COMPAT_WRITERS := $(COMPAT_ST:%=st%) st-pinned st-newest pylate1.6.0 flagembedding
+COMPAT_INPUTS := $(COMPAT_STAMPS)/tokenizers tests/compat/save_checkpoints.py export/validation_sentences.txt
+COMPAT_SAVE = HF_HUB_OFFLINE=1 $(1)/bin/python -m tests.compat.save_checkpoints $(COMPAT)/tokenizers $(COMPAT)/fixtures/$(2)
+
+compat-fixtures: $(COMPAT_WRITERS:%=$(COMPAT_STAMPS)/%)
+# Kept, though pattern rules make them: a venv is minutes to build.
+.PRECIOUS: $(COMPAT_ENVS)/st%/.installed $(COMPAT_ENVS)/transformers4/.installed
+
+$(COMPAT_STAMPS)/tokenizers: $(VENV)/.installed tests/compat/base_tokenizers.py tests/checkpoints.py
+	$(PY) -m tests.compat.base_tokenizers $(COMPAT)/tokenizers
+	@mkdir -p $(@D) && touch $@
+
+# The 2.x-5.x writers share one venv of transformers 4 and what they need (torch is 1.4 GB a venv): each release
+# goes into a folder of its own, first on the writer's PYTHONPATH.
+$(COMPAT_ENVS)/transformers4/.installed:
+	rm -rf $(@D) && python3 -m venv $(@D)
+	$(@D)/bin/python -m pip install -q transformers==$(COMPAT_TRANSFORMERS) torch==2.13.0 scikit-learn scipy tqdm \
+		Pillow typing_extensions
+	touch $@
+
+$(COMPAT_ENVS)/st%/.installed: $(COMPAT_ENVS)/transformers4/.installed
+	rm -rf $(@D)
+	$(COMPAT_ENVS)/transformers4/bin/python -m pip install -q --no-deps --target $(@D) sentence-transformers==$*
+	touch $@
+
+# PyLate's index backends (fast-plaid, fastkmeans) are built for one torch release each, none for 2.13: it goes in
+# without them (its ColBERT model needs neither), beside the sentence-transformers and transformers it pins.
+$(COMPAT_ENVS)/pylate1.6.0/.installed:
+	rm -rf $(@D) && python3 -m venv $(@D)
+	$(@D)/bin/python -m pip install -q --no-deps pylate==1.6.0
+	$(@D)/bin/python -m pip install -q sentence-transformers==5.3.0 transformers==5.3.0 torch==2.13.0 datasets \
+		ujson==5.12.0
+	touch $@
+
+$(COMPAT_ENVS)/newest/.installed: pyproject.toml
+	rm -rf $(@D) && python3 -m venv $(@D)
+	$(@D)/bin/python -m pip install -q --upgrade pip
+	$(@D)/bin/python -m pip install -q -e '.[dev]'
+	$(@D)/bin/python -m pip install -q --upgrade sentence-transformers
+	touch $@
+
+$(COMPAT_STAMPS)/st%: $(COMPAT_ENVS)/st%/.installed $(COMPAT_INPUTS)
+	PYTHONPATH=$(COMPAT_ENVS)/st$* $(call COMPAT_SAVE,$(COMPAT_ENVS)/transformers4,st$*)
+	@touch $@
+
+$(COMPAT_STAMPS)/st-pinned: $(VENV)/.installed $(COMPAT_INPUTS)
+	$(call COMPAT_SAVE,$(VENV),st-pinned)
+	@touch $@
+
+$(COMPAT_STAMPS)/st-newest: $(COMPAT_ENVS)/newest/.installed $(COMPAT_INPUTS)
+	$(call COMPAT_SAVE,$(COMPAT_ENVS)/newest,st-newest)
+	@touch $@
+
+$(COMPAT_STAMPS)/pylate1.6.0: $(COMPAT_ENVS)/pylate1.6.0/.installed $(COMPAT_INPUTS)
+	$(call COMPAT_SAVE,$(COMPAT_ENVS)/pylate1.6.0,pylate1.6.0) --library pylate
+	@touch $@
+
+$(COMPAT_STAMPS)/flagembedding: $(VENV)/.installed $(COMPAT_INPUTS)
+	$(call COMPAT_SAVE,$(VENV),flagembedding) --library flagembedding
+	@touch $@
+
+# Two writers at a time (a venv's pip waits on the network while another writer computes); COMPAT_WRITERS tells the
+# tests which writers' fixtures must be there: a missing set fails, never skips.
+test-compat:
+	$(MAKE) -j2 -Otarget compat-fixtures
+	COMPAT_WRITERS="$(COMPAT_WRITERS)" $(COMPAT_ENVS)/newest/bin/python -m pytest -q -m checkpoints tests
 
 # The torch engine's GPU tests (fp16/bf16 numerics, the OpenAI Triton kernels, GEMM epilogues, CUDA graphs
 # and their eager fallback), on a CUDA machine's own Python: torch, transformers, tokenizers, numpy, pytest and
