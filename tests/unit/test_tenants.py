@@ -85,10 +85,12 @@ def test_buckets_refuse_past_the_rate_and_count(tmp_path):
     buckets.close()
 
 
-def _hammer(path, seconds: float, rate: float, results) -> None:
+def _hammer(path, start: float, seconds: float, rate: float, results) -> None:
+    """Charge from `start` (the parent's monotonic clock, which forked processes share) for `seconds`: one window
+    for all, however late each process starts on a loaded machine."""
     buckets, passed = SharedBuckets(path), 0
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    time.sleep(max(0.0, start - time.monotonic()))
+    while time.monotonic() < start + seconds:
         passed += buckets.charge("shared", "api", 1, rate, 0, 0) == 0.0
     results.put(passed)
 
@@ -97,8 +99,11 @@ def test_processes_share_one_rate(tmp_path):
     """Three processes asking as fast as they can get the rate together (plus the first second's bucket)."""
     rate, seconds = 200.0, 2.0
     results = multiprocessing.get_context("fork").Queue()
+    start = time.monotonic() + 1.0
     workers = [
-        multiprocessing.get_context("fork").Process(target=_hammer, args=(tmp_path / "b", seconds, rate, results))
+        multiprocessing.get_context("fork").Process(
+            target=_hammer, args=(tmp_path / "b", start, seconds, rate, results)
+        )
         for _ in range(3)
     ]
     for worker in workers:
