@@ -8,7 +8,7 @@ empty :=
 space := $(empty) $(empty)
 STAMP := build/stamps/$(subst $(space),+,$(subst /,_,$(strip $(SETTINGS))))
 
-.PHONY: setup explain export engines repo serve test test-unit test-gpu compat-fixtures test-compat lint typecheck bench perf-check loadtest reliability images compose bundle chart-check clean
+.PHONY: setup explain export engines repo serve test test-unit test-gpu compat-fixtures test-compat lint typecheck bench perf-check loadtest reliability images image image-test compose compose-local bundle chart-check clean
 
 setup: $(VENV)/.installed
 
@@ -190,10 +190,33 @@ images:
 	docker build -f docker/builder.Dockerfile --build-arg TENSORRT_IMAGE=$(TENSORRT_IMAGE) \
 		--build-arg TENSORRT_VERSION=$(TENSORRT_VERSION) -t $(BUILDER_IMAGE) .
 
+# The images on a base built here, for a machine that reaches PyPI and Debian's mirrors but no registry
+# (docker/README.md, Local base): Debian bookworm's Python 3.11 and the tritonserver of the nvidia-pytriton wheel, CPU
+# engines. The engine builder is tried there too and must refuse (no TensorRT). image-test runs the server image as the
+# chart does against the real clients, Locust from its image, a SIGTERM under load and compose
+# (tests/image/served_image.py). Both start dockerd where none answers (docker/start_dockerd.sh, as root) and fail,
+# saying why, where none can be.
+LOCAL_DOCKER = $(if $(wildcard /usr/bin/docker),/usr/bin/docker,docker)
+image:
+	DOCKER=$(LOCAL_DOCKER) bash docker/build_local.sh
+
+image-test: $(STAMP).repo bundle
+	bash docker/start_dockerd.sh
+	DOCKER=$(LOCAL_DOCKER) $(PY) -m pytest -q tests/image/served_image.py
+
+# Compose v2 where the client has it, else Debian's docker-compose 1.29.
+COMPOSE = $(shell docker compose version > /dev/null 2>&1 && echo "docker compose" || echo docker-compose)
+COMPOSE_FILES := -p bert-triton --env-file docker/versions.env -f docker/compose.yaml
+
 # Triton + Prometheus + Grafana + Locust on this GPU machine, serving build/repository for SETTINGS.
 compose: $(STAMP).repo
 	SETTINGS=$(SETTINGS) WITH_TORCH=$(WITH_TORCH) SERVER_IMAGE=$(SERVER_IMAGE) \
-		docker compose --env-file docker/versions.env -f docker/compose.yaml up --build
+		$(COMPOSE) $(COMPOSE_FILES) -f docker/compose.gpu.yaml --profile observability up --build
+
+# Triton + Locust on this CPU, from the images of `make image`: no GPU, no Prometheus or Grafana (Docker Hub's).
+compose-local: $(STAMP).repo
+	SETTINGS=$(SETTINGS) SERVER_IMAGE=bert-triton-server:$(LOCAL_IMAGE_TAG) \
+		LOCUST_LOCAL_IMAGE=bert-triton-locust:$(LOCAL_IMAGE_TAG) $(COMPOSE) $(COMPOSE_FILES) up --no-build
 
 # What the Helm chart serves from a claim: settings, model repository, and (tensorrt) the engine build's inputs.
 bundle: $(STAMP).export

@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # The TensorRT engine builder: NVIDIA's TensorRT image (NGC release pinned in docker/versions.env, the same
 # TensorRT as the server image) with export/tensorrt_build.py, which needs only the standard library and
 # tensorrt. Build from the repository root:
@@ -13,9 +12,13 @@
 #
 # In Kubernetes the chart runs docker/engine_cache.py from this image instead: it builds into a cache
 # keyed by GPU product and assembles the model repository with the plan for the node's GPU.
+#
+# On a base without TensorRT (make image tries the local base) the build stops at its TensorRT check, saying so.
 ARG TENSORRT_IMAGE=nvcr.io/nvidia/tensorrt:24.10-py3
 FROM ${TENSORRT_IMAGE}
 
+# FROM's argument again: one declared before FROM is FROM's alone (the label and messages below name it).
+ARG TENSORRT_IMAGE
 ARG TENSORRT_VERSION=10.5.0
 ARG APP_UID=10001
 
@@ -30,7 +33,10 @@ COPY export/__init__.py export/tensorrt_build.py export/
 COPY docker/engine_cache.py docker/
 
 # A plan only loads on the TensorRT it was built with: refuse an image whose TensorRT is not the pinned one.
-RUN python3 -c "import sys, tensorrt; v = tensorrt.__version__; \
+RUN { python3 -c "import tensorrt" 2> /dev/null || { echo "${TENSORRT_IMAGE} has no TensorRT: the engine builder \
+needs NVIDIA's TensorRT image (TENSORRT_IMAGE in docker/versions.env), with TensorRT ${TENSORRT_VERSION}" >&2; \
+exit 1; }; } \
+    && python3 -c "import sys, tensorrt; v = tensorrt.__version__; \
 sys.exit(0 if v.split('.')[:3] == '${TENSORRT_VERSION}'.split('.') else f'TensorRT {v} != ${TENSORRT_VERSION}')" \
     && groupadd --system --gid "${APP_UID}" bert \
     && useradd --system --uid "${APP_UID}" --gid "${APP_UID}" --home-dir /tmp --no-create-home \

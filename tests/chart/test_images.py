@@ -1,9 +1,10 @@
-"""The images and the compose stack, checked statically (no Docker daemon here), and the pins of docker/versions.env.
+"""The images and the compose stack, checked statically, and the pins of docker/versions.env.
 
 hadolint on every Dockerfile, every pinned version against docker/versions.env wherever it is repeated
-(Dockerfiles, compose, chart, docs), the build contexts, the compose file's structure, and the image's
-Python 3.10 stand-ins (tomllib, numpy < 2). The image's health check runs against the real tritonserver in
-tests/server/test_image_launcher.py."""
+(Dockerfiles, compose, chart, docs, the local base's build), the build contexts, the compose file's structure, the
+image's Python 3.10 stand-ins (tomllib, numpy < 2) and the health check's API part against a stand-in front. The
+image's health check runs against the real tritonserver in tests/server/test_image_launcher.py; the images themselves
+are built and run by make image and make image-test (tests/image/served_image.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import pytest
 import tomllib
 import yaml
 
-from settings import ROOT, load_settings
+from settings import ROOT, load_deployment, load_settings
 from tests.support import (
     CHART,
     DOCKER,
@@ -30,17 +31,19 @@ from tests.support import (
     load_module,
 )
 
-healthcheck = load_module("healthcheck", DOCKER / "healthcheck.py")
+# Every Dockerfile here: the three images, and the local base they are built on by make image.
+ALL_DOCKERFILES = {path.name.removesuffix(".Dockerfile"): path for path in sorted(DOCKER.glob("*.Dockerfile"))}
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Dockerfiles and build contexts
 # ---------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", DOCKERFILES)
+@pytest.mark.parametrize("name", ALL_DOCKERFILES)
 def test_hadolint_passes(name):
+    assert set(DOCKERFILES) < set(ALL_DOCKERFILES)
     hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
     run = subprocess.run(
-        [hadolint, "--no-color", "--failure-threshold", "style", str(DOCKERFILES[name])],
+        [hadolint, "--no-color", "--failure-threshold", "style", str(ALL_DOCKERFILES[name])],
         capture_output=True,
         text=True,
         timeout=60,
@@ -64,11 +67,27 @@ def test_dockerfile_conventions(name):
     assert "HEALTHCHECK" in text
 
 
+@pytest.mark.parametrize("name", ALL_DOCKERFILES)
+def test_dockerfiles_build_offline_with_buildkits_own_frontend(name):
+    """No `# syntax=` line (BuildKit would pull docker/dockerfile from Docker Hub); every pip install reads the
+    pip_cert secret where one is given; an ARG a step after FROM names is declared after FROM."""
+    text = ALL_DOCKERFILES[name].read_text()
+    assert not re.search(r"^# *syntax *=", text, flags=re.M | re.I)
+    for step in re.split(r"\n(?=[A-Z]+ )", text):
+        if step.startswith("RUN") and re.search(r"pip (install|download)", step):
+            assert step.startswith("RUN --mount=type=secret,id=pip_cert") and "PIP_CERT=/run/secrets/pip_cert" in step
+    base = re.search(r"^FROM \$\{(\w+)\}$", text, flags=re.M)
+    name, after = base.group(1), text[base.end() :]
+    if f"${{{name}}}" in after:
+        assert re.search(rf"^ARG {name}$", after, flags=re.M), f"{name} again after FROM"
+
+
 def test_server_image_starts_the_launcher():
     text = DOCKERFILES["server"].read_text()
     entrypoint = json.loads(re.search(r"^ENTRYPOINT (.*)$", text, flags=re.M).group(1))
     command = json.loads(re.search(r"^CMD (.*)$", text, flags=re.M).group(1))
-    assert entrypoint[1:] == ["python3", "-m", "serving.launcher"]
+    assert entrypoint == ["/opt/bert-triton/docker/entrypoint.sh", "python3", "-m", "serving.launcher"]
+    assert "/opt/nvidia/nvidia_entrypoint.sh" in (DOCKER / "entrypoint.sh").read_text()
     assert command[command.index("--host") + 1] == "0.0.0.0"
     assert command[command.index("--repository") + 1] == "/models"
     env = dict(re.findall(r"(\w+)=(\S+)", text[text.index("ENV PYTHONPATH") :].split("\n\n")[0]))
@@ -76,14 +95,16 @@ def test_server_image_starts_the_launcher():
     assert env["TRITON_BACKENDS_DIR"] == "/opt/tritonserver/backends"
     assert env["HOME"] == "/tmp"
     health = re.search(r"CMD (\[.*healthcheck\.py.*\])", text).group(1)
-    assert json.loads(health) == ["python3", "/opt/bert-triton/docker/healthcheck.py"]
+    api = f"http://127.0.0.1:{load_settings().api.port}"
+    assert json.loads(health) == ["python3", "/opt/bert-triton/docker/healthcheck.py", "--api-url", api]
+    assert str(load_settings().api.port) in re.search(r"^EXPOSE (.*)$", text, flags=re.M).group(1).split()
     assert 'if [ "${WITH_TORCH}" = "1" ]' in text and "torch==${TORCH_VERSION}" in text
     assert build_args(DOCKERFILES["server"])["WITH_TORCH"] == "0"
 
 
-@pytest.mark.parametrize("name", DOCKERFILES)
+@pytest.mark.parametrize("name", ALL_DOCKERFILES)
 def test_build_context_holds_what_the_dockerfile_copies(name):
-    dockerfile = DOCKERFILES[name]
+    dockerfile = ALL_DOCKERFILES[name]
     patterns = [
         line
         for line in Path(f"{dockerfile}.dockerignore").read_text().splitlines()
@@ -96,7 +117,7 @@ def test_build_context_holds_what_the_dockerfile_copies(name):
         if line.startswith("COPY"):
             parts = [p for p in line.split()[1:] if not p.startswith("--")]
             sources += parts[:-1]
-    assert bool(sources) == (name != "locust")
+    assert bool(sources) == (name not in ("locust", "base"))
     for source in sources:
         source = source.rstrip("/")
         assert (ROOT / source).exists(), source
@@ -113,8 +134,8 @@ def test_versions_agree_with_versions_env():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert VERSIONS["IMAGE_TAG"] == f"{project['version']}-ngc{ngc}"
 
-    # Build-arg defaults of both Dockerfiles.
-    for dockerfile in DOCKERFILES.values():
+    # Build-arg defaults of every Dockerfile.
+    for dockerfile in ALL_DOCKERFILES.values():
         for name, default in build_args(dockerfile).items():
             if name in VERSIONS:
                 assert default == VERSIONS[name], f"{dockerfile.name}: ARG {name}={default}"
@@ -139,6 +160,16 @@ def test_versions_agree_with_versions_env():
     assert VERSIONS["AIOHTTP_VERSION"] == pins["aiohttp"]
     otel = VERSIONS["OPENTELEMETRY_VERSION"]
     assert otel == pins["opentelemetry-sdk"] == pins["opentelemetry-exporter-otlp-proto-http"]
+
+    # The local base (make image): the wheel `make serve` runs, and pyproject's onnxruntime on its Python 3.11.
+    assert VERSIONS["PYTRITON_VERSION"] == pins["nvidia-pytriton"]
+    assert VERSIONS["LOCAL_ONNXRUNTIME_VERSION"] == pins["onnxruntime"]
+    assert VERSIONS["LOCUST_VERSION"] == pins["locust"]
+    release = VERSIONS["DEBIAN_RELEASE"]
+    assert VERSIONS["LOCAL_IMAGE_TAG"] == f"{project['version']}-{release}"
+    assert VERSIONS["LOCAL_PYTHON_IMAGE"] == f"bert-triton-python:{release}"
+    assert VERSIONS["LOCAL_BASE_IMAGE"] == f"bert-triton-base:{VERSIONS['TRITON_VERSION']}-{release}"
+    assert build_args(ALL_DOCKERFILES["base"])["PYTHON_IMAGE"] == VERSIONS["LOCAL_PYTHON_IMAGE"]
 
     # The chart.
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
@@ -174,8 +205,10 @@ DOC_FILES = [
     CHART / "README.md",
     CHART / "values.yaml",
     CHART / "templates" / "NOTES.txt",
-    *DOCKERFILES.values(),
+    *ALL_DOCKERFILES.values(),
     DOCKER / "compose.yaml",
+    DOCKER / "compose.gpu.yaml",
+    ROOT / "docs" / "results" / "cpu-2026-12-05" / "images" / "README.md",
     *sorted((ROOT / "helm" / "values").glob("*.yaml")),
 ]
 
@@ -185,8 +218,12 @@ def test_docs_name_the_pinned_versions(path):
     text = path.read_text()
     for image, tag in re.findall(r"nvcr\.io/nvidia/(tritonserver|tensorrt):([\w.-]+)", text):
         assert tag == f"{VERSIONS['NGC_RELEASE']}-py3", f"{image}:{tag}"
-    for tag in re.findall(r"bert-triton-(?:server|engine-builder):([\w.$-]+)", text):
-        assert tag.removesuffix("-torch") in (VERSIONS["IMAGE_TAG"], "$IMAGE_TAG", "$(IMAGE_TAG)"), tag
+    tags = [VERSIONS[name] for name in ("IMAGE_TAG", "LOCAL_IMAGE_TAG")]
+    tags += ["$IMAGE_TAG", "$(IMAGE_TAG)", "$LOCAL_IMAGE_TAG", "$(LOCAL_IMAGE_TAG)"]
+    for tag in re.findall(r"bert-triton-(?:server|engine-builder|locust):([\w.$()-]+)", text):
+        assert tag.removesuffix("-torch") in tags, tag
+    for image in re.findall(r"bert-triton-(?:base|python):[\w.$()-]+", text):
+        assert image in (VERSIONS["LOCAL_BASE_IMAGE"], VERSIONS["LOCAL_PYTHON_IMAGE"]), image
     for release in re.findall(r"(?:tritonserver|TensorRT|NGC) (\d\d\.\d\d)\b", text):
         assert release == VERSIONS["NGC_RELEASE"], release
     for version in re.findall(r"TensorRT ((?:1\d|[1-9])\.\d+(?:\.\d+)?)\b", text):  # not an NGC release
@@ -199,37 +236,47 @@ def test_docs_name_the_pinned_versions(path):
 # The compose stack
 # ---------------------------------------------------------------------------------------------------------
 def test_compose_stack():
+    """Every service on the host's network, listening on 127.0.0.1 only; the GPUs in compose.gpu.yaml and Prometheus
+    and Grafana in the profile "observability", so that compose.yaml alone serves on a CPU from images built here."""
     compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
     services = compose["services"]
     assert set(services) == {"triton", "prometheus", "grafana", "locust"}
+    assert all(service["network_mode"] == "host" and "ports" not in service for service in services.values())
+    assert [name for name, service in services.items() if "profiles" not in service] == ["triton", "locust"]
+    assert services["prometheus"]["profiles"] == services["grafana"]["profiles"] == ["observability"]
     triton = services["triton"]
     assert triton["build"]["context"] == ".." and triton["build"]["dockerfile"] == "docker/server.Dockerfile"
-    (device,) = triton["deploy"]["resources"]["reservations"]["devices"]
-    assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+    assert "deploy" not in triton
+    gpu = yaml.safe_load((DOCKER / "compose.gpu.yaml").read_text())["services"]
+    (device,) = gpu["triton"]["deploy"]["resources"]["reservations"]["devices"]
+    assert set(gpu) == {"triton"} and device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
     assert triton["read_only"] is True and triton["tmpfs"] == ["/tmp"] and triton["shm_size"]
     assert "healthcheck" not in triton  # the image's HEALTHCHECK: one real inference
     command = triton["command"]
-    assert command[command.index("--host") + 1] == "0.0.0.0"
+    assert command[command.index("--host") + 1] == "127.0.0.1"
     mounts = dict(reversed(volume.removesuffix(":ro").rsplit(":", 1)) for volume in triton["volumes"])
     settings_source = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", mounts["/etc/bert-triton/settings.toml"])
     assert (DOCKER / settings_source).resolve() == ROOT / "settings" / "defaults.toml"
     assert command[command.index("--settings") + 1] in mounts and command[command.index("--repository") + 1] in mounts
+    # Docker's default 10 s would SIGKILL a drain: the chart's grace period for the defaults, at least.
+    deployment = load_deployment()
+    grace_s = deployment.first.server.exit_timeout_s + deployment.triton_exit_timeout_s + 10
+    stop = re.fullmatch(r"\$\{STOP_GRACE_PERIOD:-(\d+)s\}", triton["stop_grace_period"])
+    assert int(stop.group(1)) >= grace_s
 
     server = load_settings().server
-    published = [int(port.rsplit(":", 1)[1]) for port in triton["ports"]]
-    assert published == [server.http_port, server.grpc_port, server.metrics_port]
-    assert all(port.startswith("127.0.0.1:") for s in services.values() for port in s.get("ports", []))
-
     prometheus = yaml.safe_load((DOCKER / "prometheus.yml").read_text())
     (job,) = prometheus["scrape_configs"]
-    assert job["static_configs"][0]["targets"] == [f"triton:{server.metrics_port}"]
+    assert job["static_configs"][0]["targets"] == [f"127.0.0.1:{server.metrics_port}"]
+    assert "--web.listen-address=127.0.0.1:9090" in services["prometheus"]["command"]
 
     grafana = services["grafana"]
+    assert grafana["environment"]["GF_SERVER_HTTP_ADDR"] == "127.0.0.1"
     for volume in grafana["volumes"] + services["prometheus"]["volumes"]:
         assert (DOCKER / volume.split(":")[0]).exists(), volume
     assert "../helm/bert-triton/dashboards:/var/lib/grafana/dashboards:ro" in grafana["volumes"]
     datasource = yaml.safe_load((DOCKER / "grafana/provisioning/datasources/prometheus.yaml").read_text())
-    assert datasource["datasources"][0]["url"] == "http://prometheus:9090"
+    assert datasource["datasources"][0]["url"] == "http://127.0.0.1:9090"
     provider = yaml.safe_load((DOCKER / "grafana/provisioning/dashboards/bert-triton.yaml").read_text())
     assert provider["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"
 
@@ -238,7 +285,8 @@ def test_compose_stack():
     assert command[command.index("-f") + 1] == "/mnt/project/loadtest/locustfile.py"  # by path
     assert "..:/mnt/project:ro" in locust["volumes"] and locust["environment"]["PYTHONPATH"] == "/mnt/project"
     assert locust["depends_on"]["triton"]["condition"] == "service_healthy"
-    assert command[command.index("--host") + 1] == f"${{LOCUST_HOST:-http://triton:{server.http_port}}}"
+    assert command[command.index("--host") + 1] == f"${{LOCUST_HOST:-http://127.0.0.1:{server.http_port}}}"
+    assert command[command.index("--web-host") + 1] == "127.0.0.1"
     assert command[command.index("--settings") + 1] == "/mnt/project/${SETTINGS:-settings/defaults.toml}"
     locustfile = ROOT / "loadtest" / "locustfile.py"
     if locustfile.exists():  # written alongside; the user class and the option the command names

@@ -19,6 +19,9 @@ from protocol.api_key import API_KEY_ENV
 from serving.launcher.harness import local_server
 from serving.launcher.triton_command import free_ports
 from tests.server.api_front_process import SENTENCES, Front, urls
+from tests.support import DOCKER, load_module
+
+healthcheck = load_module("healthcheck", DOCKER / "healthcheck.py")
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +122,7 @@ def test_tei_embed_and_tokenize(front, ensemble, exported, settings):
 
 def test_health_and_metrics(front):
     assert httpx.get(front.url + "/health").status_code == 200
+    assert healthcheck.api_problem(front.url, 5.0) is None  # the server image's health check: /health and /v1
     metrics = httpx.get(front.url + "/metrics")
     assert metrics.status_code == 200 and "nv_inference_count" in metrics.text
 
@@ -212,6 +216,8 @@ def test_not_ready_is_503_with_retry_after(repository):
     try:
         for answer in (front.post("/v1/embeddings", {"input": "a"}), httpx.get(front.url + "/health")):
             assert answer.status_code == 503 and answer.headers["Retry-After"] == "1", answer.text
+        # The server image's health check (--api-url) fails with it, naming the route.
+        assert healthcheck.api_problem(front.url, 5.0).startswith("/health: HTTP 503")
     finally:
         front.stop()
 
@@ -271,6 +277,8 @@ def test_predict_ranks_a_classifiers_labels_as_the_ensemble_scores_them(classifi
         ranked = front.post("/predict", {"inputs": texts}).json()
         single = front.post("/predict", {"inputs": texts[0]}).json()
         embeddings = front.post("/v1/embeddings", {"input": "a"})
+        # A server with no embedding model: the image's health check asks /v1/models instead, and passes.
+        unhealthy = healthcheck.api_problem(front.url, 5.0)
     finally:
         front.stop()
         server.stop()
@@ -281,3 +289,4 @@ def test_predict_ranks_a_classifiers_labels_as_the_ensemble_scores_them(classifi
         assert row[0]["label"] == label
     assert single == ranked[0], "one text in, one ranking out"
     assert embeddings.status_code == 400 and "use POST /predict" in embeddings.json()["error"]["message"]
+    assert unhealthy is None, unhealthy
