@@ -44,6 +44,8 @@ WRITTEN = {
     "model.py",
     "settings.toml",
     "loadtest.json",
+    "build.txt",  # make image's report
+    "results.json",  # make image-test's figures
 }
 
 
