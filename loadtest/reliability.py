@@ -8,7 +8,7 @@ jitter within a deadline), with a share of bad requests (a text over tokenizer.m
   restart             SIGTERM the launcher (Triton drains), then start a new one on the same ports
   crash-tritonserver  SIGKILL tritonserver (as its 2.51 segfaults end it); the launcher starts it again
   hang-tritonserver   SIGSTOP tritonserver (alive, answering nothing); the launcher's canary finds it, /live
-                      turns 503, and the launcher kills it and starts it again (reliability_hang.py)
+                      turns 503, and the launcher kills it and starts it again (loadtest/faults.py holds each fault)
   oversized-bodies    HTTP bodies over front.max_body_bytes, each content type, to an existing and an unknown
                       model, and a form-typed 5 MB body (the one that crashes tritonserver 2.51 directly)
   kill-MODEL          SIGKILL one stub process of each Python model in turn (one_stage: ensemble; two_stage:
@@ -37,7 +37,6 @@ import itertools
 import json
 import os
 import platform
-import signal
 import subprocess
 import sys
 import threading
@@ -51,7 +50,7 @@ from pathlib import Path
 
 from client.core import ClientError, RetryPolicy, TextClient
 from loadtest.corpus import load_text
-from loadtest.reliability_hang import hang_tritonserver
+from loadtest.faults import crash_tritonserver, hang_tritonserver, kill_stub, oversized_bodies, restart
 from model_repository.configs import python_models
 from serving.launcher.harness import Launcher
 from serving.launcher.triton_command import Ports
@@ -80,8 +79,6 @@ API_KINDS = {400: "invalid_argument", 404: "model_not_found", 413: "too_large", 
 API_KINDS |= {502: "unavailable", 503: "unavailable", 504: "deadline"}
 API_RETRYABLE = {429, 502, 503, 504}
 QUERY = "How does the server stay up under faults?"  # what a reranker's load scores each text against
-# Content types tritonserver's HTTP reads an inference body with (none at all is what some clients send).
-CONTENT_TYPES = [None, "application/json", "application/octet-stream", "application/x-www-form-urlencoded"]
 PHASES = [
     "steady",
     "restart",
@@ -217,97 +214,6 @@ def summed(tallies) -> dict:
     gaps = [t["longest_gap_without_success_s"] for t in tallies if t["longest_gap_without_success_s"] is not None]
     total["longest_gap_without_success_s"] = max(gaps) if gaps else None
     return total
-
-
-def kill_stub(launcher: Launcher, model: str, timeout_s: float = 120.0) -> dict:
-    """SIGKILL one stub of `model`; wait until /ready went 503 and came back to 200."""
-    before = launcher.stub_pids(model)
-    os.kill(before[0], signal.SIGKILL)
-    killed = time.monotonic()
-    saw_unready, problems = False, []
-    while time.monotonic() - killed < timeout_s:
-        status, body = launcher.ready()
-        if status == 503:
-            saw_unready, problems = True, body.get("problems", problems)
-        elif status == 200 and saw_unready:
-            restarts = [r for r in body.get("stub_restarts", []) if r["model"] == model]
-            ready_again_s = round(time.monotonic() - killed, 3)
-            # The old version's stubs are still exiting when the new one is ready: count once they are gone.
-            expected, settle = launcher.expected_stubs(model), time.monotonic() + 30
-            while len(launcher.stub_pids(model)) != expected and time.monotonic() < settle:
-                time.sleep(0.1)
-            return {
-                "model": model,
-                "killed_pid": before[0],
-                "ready_503_seen": True,
-                "problems_reported": problems,
-                "ready_again_s": ready_again_s,
-                "watchdog_reload_s": restarts[-1]["seconds"] if restarts else None,
-                "stubs_after": len(launcher.stub_pids(model)),
-                "stubs_expected": expected,
-            }
-        time.sleep(0.02)
-    raise RuntimeError(f"{model}: /ready did not go 503 and back to 200 within {timeout_s:.0f} s")
-
-
-def crash_tritonserver(launcher: Launcher, timeout_s: float = 180.0) -> dict:
-    """SIGKILL tritonserver (as a segfault would end it); the launcher starts it again: until /ready is 200."""
-    old = launcher.triton_pid
-    os.kill(old, signal.SIGKILL)
-    killed = time.monotonic()
-    while launcher.ready()[0] == 200 and time.monotonic() - killed < 10:
-        time.sleep(0.01)
-    while launcher.ready()[0] != 200:
-        if time.monotonic() - killed > timeout_s:
-            raise RuntimeError(f"tritonserver was not started again within {timeout_s:.0f} s")
-        time.sleep(0.05)
-    return {
-        "killed_pid": old,
-        "ready_again_s": round(time.monotonic() - killed, 3),
-        "tritonserver_restarts": launcher.ready()[1].get("tritonserver_restarts"),
-    }
-
-
-def oversized_bodies(launcher: Launcher, max_body_bytes: int) -> dict:
-    """HTTP bodies over front.max_body_bytes with each content type Triton reads, to an existing and an
-    unknown model, and the body that crashes tritonserver 2.51 when it reaches it (form-typed, over 4 MiB):
-    what each was answered, and whether tritonserver lived through them."""
-    triton = launcher.triton_pid
-    answers: Counter = Counter()
-    sent = [(b"x" * (max_body_bytes + 1), content_type) for content_type in CONTENT_TYPES]
-    sent.append((b"x" * (5 << 20), "application/x-www-form-urlencoded"))
-    for body, content_type in sent:
-        for model in ("ensemble", "no_such_model"):
-            headers = {"Content-Type": content_type} if content_type else {}
-            request = urllib.request.Request(
-                f"http://127.0.0.1:{launcher.ports.http}/v2/models/{model}/infer", body, headers, method="POST"
-            )
-            try:
-                with urllib.request.urlopen(request, timeout=60) as response:
-                    answers[response.status] += 1
-            except urllib.error.HTTPError as exc:
-                answers[exc.code] += 1
-            except OSError as exc:
-                answers[type(exc).__name__] += 1
-    return {
-        "bodies": len(sent) * 2,
-        "answers": {str(status): count for status, count in sorted(answers.items(), key=str)},
-        "tritonserver_survived": launcher.triton_pid == triton,
-    }
-
-
-def restart(launcher: Launcher, timeout_s: float = 180.0) -> tuple[Launcher, dict]:
-    """SIGTERM the launcher (Triton drains in-flight work), wait for it to exit, start a new one."""
-    started = time.monotonic()
-    launcher.terminate()
-    code = launcher.process.wait(timeout=timeout_s)
-    exited = time.monotonic()
-    fresh = Launcher(launcher.settings_path, launcher.repository, launcher.ports, launcher.log_path).start(timeout_s)
-    return fresh, {
-        "launcher_exit_code": code,
-        "drain_s": round(exited - started, 3),
-        "ready_again_s": round(time.monotonic() - started, 3),
-    }
 
 
 def run(

@@ -11,7 +11,7 @@ import pytest
 
 from client.core import TextClient
 from loadtest.reliability import Load
-from loadtest.reliability_hang import launcher_live
+from loadtest.faults import launcher_live
 from serving.launcher.harness import Launcher
 from serving.launcher.triton_command import Ports
 
