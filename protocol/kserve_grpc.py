@@ -16,6 +16,7 @@ from common.contract import PADDED_OUTPUTS, TEXT_INPUT
 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 MODEL_STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"  # a decoupled model's only way in
+MODEL_STATISTICS = "/inference.GRPCInferenceService/ModelStatistics"
 # Answers that mean "not now" for a model that exists, so a retry will find it: a Python stage's stub died
 # (the request never ran, and the launcher's watchdog restarts the stub within seconds), and a server that
 # is shutting down has unloaded its models while its endpoints still answer.

@@ -1,16 +1,23 @@
-"""The liveness canary: one short inference per served model, so that a tritonserver that hangs without exiting
-is found and restarted.
+"""The liveness canary: one short inference per served model, so that a tritonserver or a stub that hangs without
+exiting is found and killed.
 
 Triton 2.51 can hang without exiting (seen: a SIGSEGV under its own tracing, then no answers and no exit) while
-/v2/health/ready stays 200 and every call runs into its deadline; only a real inference tells. Every
-server.canary_interval_s, the Canary sends each client-facing model one short text (and a reranker's query)
-through tritonserver's own gRPC, with a deadline of server.canary_timeout_s; a model with a query lane
-([priority]) through its lane, which ingestion never fills, so that seconds of ingestion queued in the model's
-own queue are not taken for a hang (a stub of the model itself that hangs while tritonserver answers is not
-seen: the watchdog sees one that dies). An answer passes when it has every output the model's config
-promises (its task's: an embedding of the served width, a reranker's score, ...), of that shape, with finite
-values. A model whose canaries fail (an error, a wrong answer, no answer, a model not ready) for
-canary_timeout_s is hung: on_hang gets the reason, and the Supervisor (supervision.py) kills tritonserver.
+/v2/health/ready stays 200 and every call runs into its deadline; only a real inference tells. So can a stub: alive,
+so the watchdog (which sees a stub that dies) does not notice, while its requests wait forever. Every
+server.canary_interval_s, the Canary sends each client-facing model, and its query lane where it has one
+([priority]), one short text (and a reranker's query) through tritonserver's own gRPC, with a deadline of
+server.canary_timeout_s. An answer passes when it has every output the model's config promises (its task's: an
+embedding of the served width, a reranker's score, ...), of that shape, with finite values.
+
+A model whose canaries fail (an error, a wrong answer, no answer, a model not ready) for canary_timeout_s is asked
+how many requests it answered meanwhile (tritonserver's ModelStatistics: succeeded plus failed):
+- no answer to that either: tritonserver is hung, and on_hang gets Hang(None, reason): the Supervisor
+  (supervision.py) kills it;
+- a canary that ran out of its deadline while the model answered other requests since its last good canary: it is
+  busy (seconds of ingestion queued ahead of the canary), not hung, and the failing run starts again;
+- else (nothing answered, or wrong answers): its stubs are hung or broken: Hang(model, reason), and the Supervisor
+  kills them for the watchdog to reload.
+One hung instance among several that still answer is not seen.
 """
 
 from __future__ import annotations
@@ -27,10 +34,17 @@ import numpy as np
 from google.protobuf import text_format
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import model_config_pb2 as mc
+from tritonclient.grpc import service_pb2
 
 from common.contract import CHUNK_COUNTS, CHUNK_EMBEDDINGS, TOKENS_OUTPUT
 from protocol.api_key import api_key, headers
-from protocol.kserve_grpc import GRPC_CHANNEL_ARGS, MODEL_INFER, decode_response, tensors_infer_request
+from protocol.kserve_grpc import (
+    GRPC_CHANNEL_ARGS,
+    MODEL_INFER,
+    MODEL_STATISTICS,
+    decode_response,
+    tensors_infer_request,
+)
 from settings import Deployment
 
 log = logging.getLogger("launcher")
@@ -39,6 +53,16 @@ CANARY_TEXT = "Liveness canary."
 # Outputs a request must ask for by a parameter (an embedder's late chunks): not part of every answer.
 ON_REQUEST_OUTPUTS = (CHUNK_EMBEDDINGS, CHUNK_COUNTS)
 DTYPES = {mc.TYPE_FP32: np.float32, mc.TYPE_INT32: np.int32, mc.TYPE_INT64: np.int64, mc.TYPE_STRING: object}
+# A statistics call is answered by tritonserver's frontend alone, at once; it waits at most this (or the timeout).
+STATISTICS_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True)
+class Hang:
+    """What the canary found hung: `model`'s stubs, or tritonserver itself (model None); and why."""
+
+    model: str | None
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -81,14 +105,14 @@ def answer_problem(answer: dict[str, np.ndarray], outputs: dict[str, tuple[type,
 
 
 def served_probes(deployment: Deployment, repository: Path) -> list[Probe]:
-    """The canary of every model clients call (through its query lane where it has one), from its config.pbtxt
-    in the repository."""
+    """The canary of every model clients call, and of its query lane where it has one, from its config.pbtxt in the
+    repository."""
     probes = []
     for settings in deployment.models:
         names = deployment.names(settings)
-        model = names.lane_in(repository) or names.model
-        config = text_format.Parse((repository / model / "config.pbtxt").read_text(), mc.ModelConfig())
-        probes.append(probe_for(config))
+        for model in filter(None, (names.model, names.lane_in(repository))):
+            config = text_format.Parse((repository / model / "config.pbtxt").read_text(), mc.ModelConfig())
+            probes.append(probe_for(config))
     return probes
 
 
@@ -100,9 +124,9 @@ def grpc_target(url: str) -> str:
 
 
 class Canary:
-    """Sends the probes every interval_s from a thread of its own; calls on_hang(reason) once and ends when a
-    model has had no good answer for timeout_s. While paused() (a stub being reloaded by the watchdog, a drain)
-    failures do not count."""
+    """Sends the probes every interval_s from a thread of its own. When a model has had no good answer for timeout_s
+    it calls on_hang(Hang): once and ends for a hung tritonserver; for a hung model, and goes on. While paused() (a
+    stub being reloaded by the watchdog, a drain) failures do not count."""
 
     def __init__(
         self,
@@ -110,7 +134,7 @@ class Canary:
         probes: list[Probe],
         interval_s: float,
         timeout_s: float,
-        on_hang: Callable[[str], None],
+        on_hang: Callable[[Hang], None],
         paused: Callable[[], bool] = lambda: False,
     ) -> None:
         self.probes, self.interval_s, self.timeout_s = probes, interval_s, timeout_s
@@ -118,7 +142,13 @@ class Canary:
         self.metadata = list(headers(api_key(), "grpc").items())
         self._channel = grpc.insecure_channel(target, options=GRPC_CHANNEL_ARGS)
         self._infer = self._channel.unary_unary(MODEL_INFER, request_serializer=None, response_deserializer=None)
+        self._statistics = self._channel.unary_unary(
+            MODEL_STATISTICS,
+            request_serializer=service_pb2.ModelStatisticsRequest.SerializeToString,
+            response_deserializer=service_pb2.ModelStatisticsResponse.FromString,
+        )
         self._failing_since: dict[str, float] = {}  # model -> when its first failed canary of this run began
+        self._answered_at_good: dict[str, int | None] = {}  # model -> its answered requests after a good canary
         self._stop = threading.Event()
 
     def start(self) -> Canary:
@@ -132,35 +162,62 @@ class Canary:
     def _run(self) -> None:
         try:
             while not self._stop.wait(self.interval_s):
-                reason = self.check()
-                if reason and not self._stop.is_set():
-                    self.on_hang(reason)
-                    return
+                hang = self.check()
+                if hang and not self._stop.is_set():
+                    self.on_hang(hang)
+                    if hang.model is None:
+                        return
         finally:
             self._channel.close()
 
-    def check(self) -> str | None:
-        """One round: every probe once; the reason a model counts as hung, or None."""
+    def check(self) -> Hang | None:
+        """One round: every probe once; what counts as hung, or None."""
         if self.paused():
             self._failing_since.clear()
             return None
         for probe in self.probes:
-            started = time.monotonic()
+            model, started = probe.model, time.monotonic()
             problem = self.attempt(probe)
             if self._stop.is_set() or self.paused():
                 return None
             if problem is None:
-                if self._failing_since.pop(probe.model, None) is not None:
-                    log.info(f"canary: {probe.model} answers again")
+                if self._failing_since.pop(model, None) is not None:
+                    log.info(f"canary: {model} answers again")
+                self._answered_at_good[model] = self.answered(model)
                 continue
-            since = self._failing_since.setdefault(probe.model, started)
+            since = self._failing_since.setdefault(model, started)
             failing_s = time.monotonic() - since
-            if failing_s >= self.timeout_s:
-                limit = f"server.canary_timeout_s = {self.timeout_s:g}"
-                return f"{probe.model}: no good canary answer for {failing_s:.1f} s ({limit}); the last: {problem}"
             if since == started:
-                log.warning(f"canary: {probe.model}: {problem}; hung if that lasts {self.timeout_s:g} s")
+                log.warning(f"canary: {model}: {problem}; hung if that lasts {self.timeout_s:g} s")
+            if failing_s < self.timeout_s:
+                continue
+            limit = f"server.canary_timeout_s = {self.timeout_s:g}"
+            reason = f"{model}: no good canary answer for {failing_s:.1f} s ({limit}); the last: {problem}"
+            answered, before = self.answered(model), self._answered_at_good.get(model)
+            if answered is None:
+                return Hang(None, f"{reason}; tritonserver did not answer its statistics either")
+            # A canary that waited out its deadline behind other work, while the model answered that work, is busy.
+            waited = problem.startswith(grpc.StatusCode.DEADLINE_EXCEEDED.name)
+            if waited and (before is None or answered > before):
+                log.info(f"canary: {model} answered requests meanwhile ({before} -> {answered}): busy, not hung")
+                self._failing_since[model], self._answered_at_good[model] = time.monotonic(), answered
+                continue
+            self._failing_since.pop(model)
+            return Hang(model, f"{reason}; it answered no request since its last good canary")
         return None
+
+    def answered(self, model: str) -> int | None:
+        """How many requests `model` has answered, succeeded or failed, since it loaded; None when tritonserver does
+        not say within the deadline."""
+        try:
+            response = self._statistics(
+                service_pb2.ModelStatisticsRequest(name=model),
+                timeout=min(self.timeout_s, STATISTICS_TIMEOUT_S),
+                metadata=self.metadata,
+            )
+        except grpc.RpcError:
+            return None
+        return sum(s.inference_stats.success.count + s.inference_stats.fail.count for s in response.model_stats)
 
     def attempt(self, probe: Probe) -> str | None:
         """One canary call: what was wrong with it, or None."""

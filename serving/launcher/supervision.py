@@ -1,19 +1,23 @@
 """The Supervisor: the one object that owns the launcher's state. It runs tritonserver and starts it again when
 it dies (bounded backoff: at most server.max_restarts deaths within server.restart_window_s) or hangs (the
-canary, canary.py: /live 503 with the reason, then SIGKILL, counted as a death), keeps the fronts beside it in
-its readiness, drains on a signal, and returns the exit status that ends the launcher. The main
-thread waits in short steps, so that a signal another thread received runs its handler (the drain) at once."""
+canary, canary.py: /live 503 with the reason, then SIGKILL, counted as a death), kills a model's stubs that hang
+(the watchdog reloads them), keeps the fronts beside it in its readiness, drains on a signal, and returns the exit
+status that ends the launcher. The main thread waits in short steps, so that a signal another thread received runs
+its handler (the drain) at once."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
 import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
 
-from serving.launcher.canary import Canary, grpc_target, served_probes
+from serving.launcher.canary import Canary, Hang, grpc_target, served_probes
+from serving.launcher.procfs import stub_processes
 from serving.launcher.tritonserver import TritonServer
 from serving.processes import ServerError
 from serving.workers import FrontWorkers
@@ -86,6 +90,7 @@ class Supervisor:
         self.canary: Canary | None = None  # the running tritonserver's, once it came up
         self.hang: str | None = None  # why tritonserver was found hung: /live says it until the next one starts
         self.hangs = 0
+        self.stub_hangs: dict[str, int] = {}  # model -> times its stubs were found hung (then killed)
 
     def ready(self) -> tuple[bool, list[str]]:
         """(ready, problems): what the launcher's /ready answers."""
@@ -121,6 +126,8 @@ class Supervisor:
              [("", self.restarts.total)]),
             ("tritonserver_hangs_total", "counter", "Times the canary found tritonserver hung (then killed it)",
              [("", self.hangs)]),
+            ("stub_hangs_total", "counter", "Times the canary found a model's stubs hung (then killed them)",
+             [(f'{{model="{model}"}}', count) for model, count in sorted(self.stub_hangs.items())]),
             ("stub_restarts_total", "counter", "Reloads of a Python model after one of its stubs died",
              [(f'{{model="{model}"}}', count) for model, count in sorted(stubs.items())]),
             ("front_restarts_total", "counter", "Times the launcher started a dead front worker again",
@@ -152,11 +159,20 @@ class Supervisor:
             return
         process = server.process
 
-        def on_hang(reason: str) -> None:
+        def on_hang(hang: Hang) -> None:
             if self.draining or server.process is not process:
                 return
-            self.hang, self.hangs = reason, self.hangs + 1
-            log.error(f"tritonserver is hung: {reason}; SIGKILL, then it is started again as after a crash")
+            # A model's hung stubs are killed for the watchdog to reload; a Triton ensemble has none of its own.
+            stubs = stub_processes(process.pid).get(hang.model, []) if hang.model else []
+            if stubs:
+                self.stub_hangs[hang.model] = self.stub_hangs.get(hang.model, 0) + 1
+                log.error(f"{hang.model}'s stubs are hung: {hang.reason}; SIGKILL {stubs}, the watchdog reloads it")
+                for pid in stubs:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                return
+            self.hang, self.hangs = hang.reason, self.hangs + 1
+            log.error(f"tritonserver is hung: {hang.reason}; SIGKILL, then it is started again as after a crash")
             process.kill()
 
         def paused() -> bool:  # a model whose stub the watchdog reloads fails meanwhile: that is the watchdog's

@@ -12,7 +12,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2
 
 from common.contract import CHUNK_COUNTS, CHUNK_EMBEDDINGS, QUERY_INPUT, SCORE_OUTPUT, TEXT_INPUT, TOKENS_OUTPUT
-from serving.launcher.canary import CANARY_TEXT, Canary, Probe, answer_problem, grpc_target, probe_for
+from serving.launcher.canary import CANARY_TEXT, Canary, Hang, Probe, answer_problem, grpc_target, probe_for
 
 EMBEDDER = {"embedding": (np.float32, (384,)), TOKENS_OUTPUT: (np.int32, (1,))}
 
@@ -87,8 +87,17 @@ class Unavailable(grpc.RpcError):
         return "Socket closed"
 
 
-def stand_in_canary(timeout_s: float, answers: list, paused=lambda: False) -> Canary:
-    """A Canary whose calls return (or raise) `answers` in turn, encoded as Triton would answer."""
+class DeadlineExceeded(grpc.RpcError):
+    def code(self):
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+
+    def details(self):
+        return "Deadline Exceeded"
+
+
+def stand_in_canary(timeout_s: float, answers: list, paused=lambda: False, answered=None) -> Canary:
+    """A Canary whose calls return (or raise) `answers` in turn, encoded as Triton would answer, and whose
+    statistics say `answered` (a list: its first item, or None as an unanswered call; 0 requests by default)."""
     canary = Canary("127.0.0.1:1", [Probe("ensemble", b"", EMBEDDER)], 60.0, timeout_s, lambda _: None, paused)
 
     def infer(_request, timeout, metadata):
@@ -102,6 +111,7 @@ def stand_in_canary(timeout_s: float, answers: list, paused=lambda: False) -> Ca
         return response.SerializeToString()
 
     canary._infer = infer
+    canary.answered = lambda _model: (answered or [0])[0]
     return canary
 
 
@@ -114,9 +124,35 @@ def test_a_model_is_hung_once_its_canaries_fail_for_the_timeout():
     assert canary.check() is None  # a good answer ends the failing run
     assert canary.check() is None
     time.sleep(0.35)
-    reason = canary.check()
-    assert reason.startswith("ensemble: no good canary answer for 0.")
-    assert reason.endswith("the last: embedding has shape [1, 128], not [1, 384]"), reason
+    hang = canary.check()
+    assert hang.model == "ensemble" and hang.reason.startswith("ensemble: no good canary answer for 0.")
+    assert "the last: embedding has shape [1, 128], not [1, 384]; it answered no request since" in hang.reason
+    canary.stop()
+
+
+def test_a_canary_queued_behind_answered_work_is_busy_not_hung():
+    """Deadlines while the model answers other requests: busy, and the failing run starts again; once it answers
+    nothing, hung."""
+    answered = [10]
+    canary = stand_in_canary(0.2, [embedding_answer(), *[DeadlineExceeded()] * 4], answered=answered)
+    assert canary.check() is None  # good: 10 answered so far
+    assert canary.check() is None  # the first deadline
+    time.sleep(0.25)
+    answered[0] = 50
+    assert canary.check() is None  # 40 answered meanwhile: busy
+    assert canary.check() is None  # a new failing run, within the timeout
+    time.sleep(0.25)
+    hang = canary.check()  # nothing answered since: hung
+    assert hang == Hang("ensemble", hang.reason) and "it answered no request since" in hang.reason
+    canary.stop()
+
+
+def test_a_tritonserver_that_does_not_answer_its_statistics_is_hung_itself():
+    canary = stand_in_canary(0.1, [DeadlineExceeded(), DeadlineExceeded()], answered=[None])
+    assert canary.check() is None
+    time.sleep(0.15)
+    hang = canary.check()
+    assert hang.model is None and hang.reason.endswith("tritonserver did not answer its statistics either"), hang
     canary.stop()
 
 
