@@ -10,8 +10,8 @@
 #   the engine builder  docker/builder.Dockerfile on LOCAL_BASE_IMAGE, whose TensorRT check must refuse it (there is
 #                       no TensorRT here): this fails if that build passes, or fails for another reason
 #
-# Names and pins: docker/versions.env. Builds use the host's network; the CA bundle that PIP_CERT names reaches pip
-# as a build secret, never a layer. Seconds per step and the images' sizes: build/images/build.txt.
+# Names and pins: docker/versions.env. Builds use the host's network; the CA bundle that PIP_CERT (or pip's own
+# global.cert) names reaches pip as a build secret, never a layer. Seconds per step and the images' sizes: build/images/build.txt.
 # REBUILD=1 makes LOCAL_PYTHON_IMAGE anew too (the other steps are BuildKit's to cache).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +31,8 @@ REFUSAL="has no TensorRT: the engine builder needs NVIDIA's TensorRT image"
 say() { printf 'build_local: %s\n' "$*" >&2; }
 die() { say "$*"; exit 1; }
 
+# The CA bundle pip trusts here: PIP_CERT, else pip's own configuration (global.cert), else none.
+PIP_CERT=${PIP_CERT:-$(python3 -m pip config list 2> /dev/null | sed -n "s/^global\.cert='\(.*\)'$/\1/p" | head -n 1)}
 SECRET=()
 if [[ -n ${PIP_CERT:-} ]]; then
     [[ -f $PIP_CERT ]] || die "PIP_CERT names $PIP_CERT, which is not a file"
