@@ -227,8 +227,9 @@ def test_what_is_not_served_exactly_is_refused(checkpoints, tmp_path, fields, re
     source = checkpoints["cls"][0]
     for name in ("model.safetensors", "serving.json"):
         shutil.copy(source / name, tmp_path / name)
-    config = json.loads((source / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**config, **fields}))
+    # The changed config made and saved by transformers itself (rope_scaling comes out as rope_parameters).
+    config = transformers.AutoConfig.from_pretrained(source)
+    type(config).from_dict({**config.to_dict(), **fields}).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match=refused):
         load_engine("torch", tmp_path, "cpu", {})
 
