@@ -328,44 +328,32 @@ def config_token_ids(tokenizer: Tokenizer, family: str) -> dict[str, int]:
     return {f"{name}_token_id": tokenizer.token_to_id(special[token]) for name, token in names.items()}
 
 
-def _added_fields(token: AddedToken) -> dict:
-    return {
-        "content": token.content,
-        "lstrip": token.lstrip,
-        "normalized": token.normalized,
-        "rstrip": token.rstrip,
-        "single_word": token.single_word,
-    }
+def save_tokenizer(
+    tokenizer: Tokenizer, family: str, folder: str | Path, max_tokens: int = 512, family_class: bool = True
+) -> Path:
+    """Save the tokenizer into folder (made if missing) through transformers itself, as `family`'s tokenizer class
+    with its special tokens and inputs, so that AutoTokenizer (and sentence-transformers' SentenceTransformer and
+    CrossEncoder beside a model of that family) loads that class with the tokenizer's own ids; max_tokens is its
+    model_max_length. tokenizer.json is the tokenizer's, unchanged. family_class False: as transformers' generic
+    PreTrainedTokenizerFast without the class's options (do_lower_case, ...), so that tokenizer.json alone decides.
+    Returns the folder."""
+    import transformers
 
-
-def save_tokenizer(tokenizer: Tokenizer, family: str, folder: str | Path, max_tokens: int = 512) -> Path:
-    """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json into folder (made if missing), so
-    that transformers loads it as `family`'s tokenizer class (AutoTokenizer; sentence-transformers'
-    SentenceTransformer and CrossEncoder beside a model of that family) with the tokenizer's own ids; max_tokens
-    is its model_max_length. Returns the folder."""
     spec = FAMILIES[family]
     missing = [token for token in spec.special.values() if tokenizer.token_to_id(token) is None]
     if missing:
         raise ValueError(f"the tokenizer has no {', '.join(missing)}: it is not of the {family} layout")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(folder / "tokenizer.json"))
-    added = tokenizer.get_added_tokens_decoder()
-    names = {f"{name}_token": token for name, token in spec.special.items()}
-    config = {
-        "tokenizer_class": spec.tokenizer_class,
-        "model_input_names": ["input_ids", *(["token_type_ids"] if spec.token_types else []), "attention_mask"],
-        "model_max_length": max_tokens,
-        "added_tokens_decoder": {str(i): {**_added_fields(t), "special": t.special} for i, t in sorted(added.items())},
-        **names,
-        **spec.options,
-    }
-    by_content = {token.content: token for token in added.values()}
-    special_map = {
-        name: _added_fields(by_content[token]) if token in by_content else token for name, token in names.items()
-    }
-    if "additional_special_tokens" in spec.options:
-        special_map["additional_special_tokens"] = spec.options["additional_special_tokens"]
-    for name, content in (("tokenizer_config.json", config), ("special_tokens_map.json", special_map)):
-        (folder / name).write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n")
+    inputs = ["input_ids", *(["token_type_ids"] if spec.token_types else []), "attention_mask"]
+    special = {f"{name}_token": token for name, token in spec.special.items()}
+    kind, options = (
+        (getattr(transformers, spec.tokenizer_class), spec.options)
+        if family_class
+        else (transformers.PreTrainedTokenizerFast, {})
+    )
+    saved = kind(
+        tokenizer_object=tokenizer, model_max_length=max_tokens, model_input_names=inputs, **special, **options
+    )
+    saved.save_pretrained(str(folder))
     return folder

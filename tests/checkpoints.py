@@ -17,11 +17,10 @@ from pathlib import Path
 
 import torch
 import transformers
-from tokenizers import Tokenizer
 
 from export.checkpoint import family_tokenizer
 from export.onnx_export import VALIDATION_SENTENCES
-from export.tokenizer_training import FAMILIES, config_token_ids
+from export.tokenizer_training import config_token_ids, save_tokenizer
 
 MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert", "mpnet", "modernbert")
 LABELS = ("negative", "neutral", "positive")  # a classification checkpoint's id2label
@@ -48,19 +47,6 @@ TINY = {
         "max_position_embeddings": 8192, "local_attention": 16, **INIT,
     },
 }  # fmt: skip
-
-
-def save_transformers_tokenizer(tokenizer: Tokenizer, model_type: str, folder: Path, max_tokens: int = MAX_TOKENS):
-    """The tokenizer saved by transformers itself (PreTrainedTokenizerFast.save_pretrained) with the family's special
-    tokens and inputs: the files a checkpoint of the family ships. The transformers tokenizer."""
-    family = FAMILIES[model_type]
-    inputs = ["input_ids", *(["token_type_ids"] if family.token_types else []), "attention_mask"]
-    special = {f"{name}_token": token for name, token in family.special.items()}
-    saved = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, model_max_length=max_tokens, model_input_names=inputs, **special
-    )
-    saved.save_pretrained(str(folder))
-    return saved
 
 
 def make_checkpoint(
@@ -99,7 +85,7 @@ def make_checkpoint(
     auto = transformers.AutoModel if task == "embedding" else transformers.AutoModelForSequenceClassification
     model = auto.from_config(config).eval()
     with tempfile.TemporaryDirectory() as base:  # the Hugging Face model the library then loads and saves
-        save_transformers_tokenizer(tokenizer, model_type, Path(base))
+        save_tokenizer(tokenizer, model_type, Path(base), MAX_TOKENS, family_class=False)
         if task == "rerank":
             spread_scores(model, Path(base), score_spread)
         model.save_pretrained(base, safe_serialization=True)
@@ -146,7 +132,7 @@ def make_sparse_checkpoint(
     fields = {"vocab_size": tokenizer.get_vocab_size(), **config_token_ids(tokenizer, model_type), **TINY[model_type]}
     torch.manual_seed(seed)
     model = transformers.AutoModelForMaskedLM.from_config(transformers.AutoConfig.for_model(model_type, **fields))
-    save_transformers_tokenizer(tokenizer, model_type, path)
+    save_tokenizer(tokenizer, model_type, path, MAX_TOKENS, family_class=False)
     batch = transformers.AutoTokenizer.from_pretrained(path)(
         VALIDATION_SENTENCES.read_text().splitlines(), padding=True, return_tensors="pt"
     )
@@ -184,7 +170,7 @@ def make_multi_vector_checkpoint(
     torch.manual_seed(seed)
     backbone = path / "backbone"
     transformers.AutoModel.from_config(transformers.AutoConfig.for_model("bert", **fields)).save_pretrained(backbone)
-    save_transformers_tokenizer(tokenizer, "bert", backbone)
+    save_tokenizer(tokenizer, "bert", backbone, MAX_TOKENS, family_class=False)
     expansion = {"strategy": strategy, "attend": attend, "length": 16}
     modules = [
         Transformer(str(backbone), query_expansion=expansion, document_length=40),

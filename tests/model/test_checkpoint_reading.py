@@ -14,15 +14,16 @@ import transformers
 from common.contract import ServingSpec
 from export.__main__ import export, read
 from export.checkpoint import CheckpointError, family_tokenizer
+from export.tokenizer_training import save_tokenizer
 from settings import ROOT
 from tests.checkpoints import (
+    MAX_TOKENS,
     TINY,
     VOCABULARY,
     make_checkpoint,
     make_hybrid_checkpoint,
     make_multi_vector_checkpoint,
     make_sparse_checkpoint,
-    save_transformers_tokenizer,
 )
 
 pytestmark = pytest.mark.checkpoints
@@ -166,7 +167,7 @@ def test_a_bare_checkpoint_is_pooled_as_the_settings_say(tmp_path):
     tokenizer = family_tokenizer("bert", VOCABULARY)
     config = transformers.BertConfig(vocab_size=tokenizer.get_vocab_size(), **TINY["bert"])
     transformers.AutoModel.from_config(config).save_pretrained(tmp_path / "bare")
-    save_transformers_tokenizer(tokenizer, "bert", tmp_path / "bare")
+    save_tokenizer(tokenizer, "bert", tmp_path / "bare", MAX_TOKENS, family_class=False)
     assert 'set model.pooling ("mean", "cls", "max" or "mean_sqrt_len")' in refused(tmp_path / "bare")
     message = "architectures = ['BertModel']: task rerank needs a sequence-classification head"
     assert message in refused(tmp_path / "bare", "rerank")
