@@ -31,7 +31,7 @@ from common.padding import pad_sequences
 from export.checkpoint import CheckpointError
 from export.onnx_export import Deviation, onnx_session
 from export.reading import INERT, Reading
-from export.st_modules import TRANSFORMERS, read_modules
+from export.st_modules import SETTINGS_FILE, TRANSFORMERS, read_modules
 from export.tokenizer_training import save_tokenizer
 
 IDENTITY = ("torch.nn.modules.linear.Identity", "torch.nn.Identity")
@@ -148,7 +148,7 @@ def read_multi_vector(reading: Reading, seed: int = 0) -> None:
     reading.sides = _spec(prompts, transformer.get("query_expansion"), transformer, skiplist or [],
                           (mask or {}).get("skiplist_tasks") or ["document"], max_tokens, tokenizer)  # fmt: skip
     reading.projection = _projection(*dense, normalize)
-    _facts(reading, f"{saved.model_type or 'PyLate'} modules and {saved.settings_where}")
+    _facts(reading, f"{saved.model_type or 'PyLate'} modules and {SETTINGS_FILE}")
 
 
 def _prefix_tokens(tokenizer, prefixes: list[str]) -> list[str]:

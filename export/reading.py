@@ -16,7 +16,7 @@ from pathlib import Path
 
 from export.checkpoint import Checkpoint, Pooling
 from export.errors import CheckpointError
-from export.st_modules import TRANSFORMERS, Module, StCheckpoint, read_modules
+from export.st_modules import SETTINGS_FILE, TRANSFORMERS, Module, StCheckpoint, read_modules
 
 POOLING_MODES = {  # what each release calls a pooling mode -> the engines' name
     "mean": "mean",
@@ -246,7 +246,7 @@ def _task(reading: Reading, saved: StCheckpoint | None) -> None:
     said = saved.model_type if saved else None
     library = ENCODERS.get(said or "")
     if library is not None and task != library and not (task == "hybrid" and library == "embedding"):
-        raise CheckpointError(f'{saved.settings_where}: model_type = "{said}": set model.task = "{library}"')
+        raise CheckpointError(f'{SETTINGS_FILE}: model_type = "{said}": set model.task = "{library}"')
     classifier = any(name.endswith("ForSequenceClassification") for name in config.architectures or ())
     if task in ("rerank", "classification") and reading.checkpoint.folder is not None:
         if said == "CrossEncoder" or classifier:
@@ -269,7 +269,7 @@ def _task(reading: Reading, saved: StCheckpoint | None) -> None:
         )
     source = "settings: model.task"
     if said:
-        source += f" (the checkpoint is a {said}: {saved.settings_where}: model_type)"
+        source += f" (the checkpoint is a {said}: {SETTINGS_FILE}: model_type)"
     reading.add("task", task, source)
 
 
@@ -362,7 +362,7 @@ def _library(reading: Reading, saved: StCheckpoint | None) -> None:
         return
     versions = saved.settings.get("__version__") or {}
     release = versions.get("sentence_transformers") or "a release before 2.0"
-    reading.add("saved by", f"sentence-transformers {release} {saved.model_type or ''}".strip(), saved.settings_where)
+    reading.add("saved by", f"sentence-transformers {release} {saved.model_type or ''}".strip(), SETTINGS_FILE)
     if saved.settings.get("similarity_fn_name"):
         similarity = saved.settings["similarity_fn_name"]
         reading.add("similarity", similarity, "config_sentence_transformers.json: similarity_fn_name")

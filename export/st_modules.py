@@ -66,9 +66,6 @@ class StCheckpoint:
         """SentenceTransformer, CrossEncoder, SparseEncoder or MultiVectorEncoder (6.x; None before)."""
         return self.settings.get("model_type")
 
-    def kinds(self) -> list[str]:
-        return [module.kind for module in self.modules]
-
     def first(self, kinds: tuple[str, ...]) -> Module | None:
         return next((module for module in self.all_modules() if module.kind in kinds), None)
 
@@ -78,10 +75,6 @@ class StCheckpoint:
 
     def where(self, module: Module, key: str | None = None) -> str:
         return module.where(key, self.root)
-
-    @property
-    def settings_where(self) -> str:
-        return SETTINGS_FILE
 
 
 def _read_json(path: Path) -> dict:
