@@ -17,9 +17,9 @@ class Prompts:
         self.prompts = dict(spec.prompts or {})
         self.default = self.prompts.get(spec.default_prompt_name, "") if spec.default_prompt_name else ""
 
-    @property
-    def any(self) -> bool:
-        return bool(self.prompts)
+    def of(self, requests: list) -> list[str | ValueError] | None:
+        """Each request's prompt (prefix), from its parameters(); None for a model without prompts."""
+        return [self.prefix(request.parameters()) for request in requests] if self.prompts else None
 
     def prefix(self, parameters: str) -> str | ValueError:
         """The prompt a request's texts are read with, or the error naming a prompt the model does not have."""

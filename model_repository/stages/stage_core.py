@@ -139,15 +139,11 @@ class StageCore:
             return asks_for_queries(parameters)
         return chunk_size(parameters) is not None
 
-    def request_prompts(self, requests: list[HeldRequest]) -> list[str | ValueError] | None:
-        """Each request's prompt (prompts.py); None for a model without prompts."""
-        return [self.prompts.prefix(request.parameters()) for request in requests] if self.prompts.any else None
-
     # --- the plain path in three steps ------------------------------------------------------------------------
     def prepare(self, requests: list[HeldRequest]) -> Prepared:
         texts_in = [request.text for request in requests]
         queries_in = [request.query for request in requests] if self.pairs else None
-        parts, ids, lengths, types = self.text.tokenize(texts_in, queries_in, self.request_prompts(requests))
+        parts, ids, lengths, types = self.text.tokenize(texts_in, queries_in, self.prompts.of(requests))
         wanted = self.hybrid.wanted(requests) if self.hybrid is not None else None
         return Prepared(requests, parts, ids, lengths, types, wanted)
 
@@ -214,7 +210,7 @@ class StageCore:
         """Each text in one pass, its chunks of `size` tokens pooled (late_chunking.py); the engine's refusal (one
         that pools whole sequences only) is every request's."""
         texts_in = [request.text for request in requests]
-        parts, ids, lengths, _ = self.text.tokenize(texts_in, None, self.request_prompts(requests))
+        parts, ids, lengths, _ = self.text.tokenize(texts_in, None, self.prompts.of(requests))
         bounds, per_text, kept = self.late.spans(lengths, size)
         try:
             pooled = self.engine.pool_spans(ids, lengths, bounds) if len(lengths) else None
@@ -235,7 +231,7 @@ class StageCore:
 
     def _static_queries(self, requests: list[HeldRequest]) -> list[Answer]:
         """A static sparse model's queries: each token's weight, no engine (static_query.py)."""
-        texts, parts = self.text.gather([request.text for request in requests], self.request_prompts(requests))
+        texts, parts = self.text.gather([request.text for request in requests], self.prompts.of(requests))
         rows, lengths = self.static_query.rows(texts)
         answers: list[Answer] = []
         for request, part in zip(requests, parts, strict=True):

@@ -56,8 +56,7 @@ class TritonPythonModel:
         queries_in = (
             [pb_utils.get_input_tensor_by_name(r, QUERY_INPUT).as_numpy() for r in requests] if self.pairs else None
         )
-        prompts = [self.prompts.prefix(request.parameters()) for request in requests] if self.prompts.any else None
-        parts, ids, lengths, types = self.text.tokenize(texts_in, queries_in, prompts)
+        parts, ids, lengths, types = self.text.tokenize(texts_in, queries_in, self.prompts.of(requests))
         self._record(len(requests), lengths)
         starts = np.cumsum(lengths) - lengths
         tokens = lengths.astype(np.int32).reshape(-1, 1)
