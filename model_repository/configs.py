@@ -227,7 +227,10 @@ def one_stage_config(settings: Settings, spec: ServingSpec, names: ServedNames) 
     on the H200 (docs/data-path.md, one stage or two)."""
     # Beside a query lane the model's own stubs lower their CPU priority (priority.ingestion_nice).
     nice = {"nice": settings.priority.ingestion_nice} if names.query_lane and settings.priority.ingestion_nice else {}
-    parameters = {**_text_limits(settings, spec), **_engine_parameters(settings), **_sparse(settings), **nice}
+    parameters = {
+        **_text_limits(settings, spec), **_engine_parameters(settings), **_sparse(settings), **nice,
+        **_gpu_turns(settings, names, "model"),
+    }  # fmt: skip
     config = _python_stage(
         names.model,
         settings.encoder,
@@ -240,6 +243,19 @@ def one_stage_config(settings: Settings, spec: ServingSpec, names: ServedNames) 
     return config
 
 
+def _gpu_turns(settings: Settings, names: ServedNames, role: str) -> dict:
+    """Beside a query lane on GPUs, the stubs take turns on each GPU (stages/gpu_turns.py): `role` lane | model."""
+    if not (names.query_lane and settings.encoder.gpus):
+        return {}
+    priority = settings.priority
+    return {
+        "gpu_turns": role,
+        "ingestion_chunk_texts": priority.ingestion_chunk_texts,
+        "ingestion_on_gpu": priority.ingestion_on_gpu,
+        "query_yield_ms": priority.query_yield_ms,
+    }
+
+
 def query_lane_config(settings: Settings, spec: ServingSpec, names: ServedNames) -> mc.ModelConfig:
     """The one-stage model again as its query lane: the same stage and files under names.query_lane, with
     priority.query_instances of its own, so that a query waits for queries only, never for an ingestion batch.
@@ -248,6 +264,8 @@ def query_lane_config(settings: Settings, spec: ServingSpec, names: ServedNames)
     config = one_stage_config(settings, spec, names)
     config.name = names.query_lane
     config.parameters.pop("nice", None)
+    for name, value in _gpu_turns(settings, names, "lane").items():
+        config.parameters[name].string_value = str(value)
     gpus = list(settings.encoder.gpus)
     kind = mc.ModelInstanceGroup.KIND_GPU if gpus else mc.ModelInstanceGroup.KIND_CPU
     del config.instance_group[:]
@@ -262,6 +280,7 @@ def stream_config(settings: Settings, spec: ServingSpec, names: ServedNames) -> 
     config = query_lane_config(settings, spec, names)
     config.name = names.stream
     config.model_transaction_policy.decoupled = True
+    config.parameters.pop("gpu_turns", None)
     config.parameters["stream_max_texts"].string_value = str(settings.stream.max_batch_texts)
     config.parameters["stream_senders"].string_value = str(settings.stream.senders)
     config.parameters["stream_tokenizer_threads"].string_value = str(settings.stream.tokenizer_threads)

@@ -138,6 +138,13 @@ def _check_priority(settings: Settings) -> None:
         raise SettingsError("priority.ingestion_nice must be an integer in 0..19 (0: off)")
     if min(priority.query_timeout_ms, priority.ingestion_timeout_ms) < 0:
         raise SettingsError("priority needs query_timeout_ms and ingestion_timeout_ms >= 0 (0: api.timeout_s)")
+    for name in ("ingestion_chunk_texts", "ingestion_on_gpu"):
+        if type(getattr(priority, name)) is not int or getattr(priority, name) < 0:
+            raise SettingsError(f"priority.{name} must be an integer >= 0 (0: no bound)")
+    if isinstance(priority.query_yield_ms, bool) or not isinstance(priority.query_yield_ms, int | float):
+        raise SettingsError("priority.query_yield_ms must be a number of milliseconds >= 0")
+    if priority.query_yield_ms < 0:
+        raise SettingsError("priority.query_yield_ms must be a number of milliseconds >= 0")
 
 
 def _check_sparse(settings: Settings) -> None:

@@ -113,6 +113,11 @@ class Deployment:
         return any(settings.encoder.gpus for settings in self.models)
 
     @property
+    def takes_gpu_turns(self) -> bool:
+        """Whether a model's stubs and its query lane's take turns on their GPUs (common/gpu_board.py)."""
+        return any(settings.encoder.gpus and has_query_lane(settings) for settings in self.models)
+
+    @property
     def rate_limited(self) -> bool:
         """Whether tritonserver runs its rate limiter: it honours the instance priorities of encoder.warm_first,
         which a Python encoder's instance groups carry (a TensorRT encoder's do not)."""

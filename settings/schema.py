@@ -176,6 +176,9 @@ class PrioritySettings:
     query_max_texts: int
     query_timeout_ms: float
     ingestion_timeout_ms: float
+    ingestion_chunk_texts: int
+    ingestion_on_gpu: int
+    query_yield_ms: float
 
     def budget_s(self, priority_class: str, default_s: float) -> float:
         """A request's time budget when it sets none: its class's, else default_s (api.timeout_s)."""

@@ -24,6 +24,9 @@ import os
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from common.gpu_board import GpuBoard
+
+from .gpu_turns import GpuTurns
 from .model_args import engine_from_args, instance_count, model_config
 from .parent_watch import exit_with_parent
 from .stage_core import Answer, StageCore, held
@@ -39,6 +42,8 @@ def response(result: Answer):
 
 
 class TritonPythonModel:
+    turns: GpuTurns | None = None  # beside a query lane on a GPU (gpu_turns.py)
+
     def initialize(self, args: dict) -> None:
         exit_with_parent()  # a killed tritonserver leaves no stub behind (parent_watch.py)
         self._load(args)
@@ -55,6 +60,7 @@ class TritonPythonModel:
         self.engine = engine_from_args(args, params, pb_utils.Logger.log_info)
         self._create_metrics(args, int(config["max_batch_size"]))
         self.core = StageCore(text, self.engine, params, version_dir, self._record)
+        self.turns = gpu_turns(args, params)
         return config
 
     def _create_metrics(self, args: dict, max_batch_size: int) -> None:
@@ -71,7 +77,26 @@ class TritonPythonModel:
 
     def execute(self, requests: list) -> list:
         views = [held(request, self.core.pairs, pb_utils.get_input_tensor_by_name) for request in requests]
-        return [response(result) for result in self.core.answer(views)]
+        return [response(result) for result in self.core.answer(views, self.turns)]
 
     def finalize(self) -> None:
         self._metrics.close()
+        if self.turns is not None:
+            self.turns.board.close()
+
+
+def gpu_turns(args: dict, params: dict) -> GpuTurns | None:
+    """This stub's turns on its GPU beside a query lane (configs.py sets gpu_turns = lane | model), where the
+    launcher made the server a board; else None."""
+    role = params.get("gpu_turns")
+    board = GpuBoard.from_environment() if role and args.get("model_instance_kind") == "GPU" else None
+    if board is None:
+        return None
+    return GpuTurns(
+        board,
+        int(args["model_instance_device_id"]),
+        role == "lane",
+        int(params["ingestion_chunk_texts"]),
+        int(params["ingestion_on_gpu"]),
+        float(params["query_yield_ms"]) / 1000,
+    )

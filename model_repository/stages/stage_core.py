@@ -20,6 +20,7 @@ from common.contract import QUERY_INPUT, SCORE_OUTPUT, TEXT_INPUT, TOKENS_OUTPUT
 
 from .classification import label_array, scores_and_labels
 from .engines import Engine
+from .gpu_turns import GpuTurns
 from .hybrid_output import HybridOutput
 from .late_chunking import LateChunking, chunk_size
 from .multi_vector_output import MultiVectorSides, answer
@@ -106,17 +107,44 @@ class StageCore:
         self.sides = MultiVectorSides(version_dir / "tokenizer.json", spec.multi_vector) if multi else None
 
     # --- the whole batch at once (the unary model) -----------------------------------------------------------
-    def answer(self, requests: list[HeldRequest]) -> list[Answer]:
+    def answer(self, requests: list[HeldRequest], turns: GpuTurns | None = None) -> list[Answer]:
+        """Each request's answer; with `turns` (gpu_turns.py) the plain path runs in chunks, each launched in its
+        turn on the GPU, the next tokenized while this one computes."""
         plain, others = self.split(requests)
         answers: list = [None] * len(requests)
         if plain:
-            prepared = self.prepare([requests[i] for i in plain])
-            self.launch(prepared)
-            for index, result in zip(plain, self.finish(prepared), strict=True):
+            chosen = [requests[i] for i in plain]
+            results = self._in_turns(chosen, turns) if turns is not None else self._at_once(chosen)
+            for index, result in zip(plain, results, strict=True):
                 answers[index] = result
         for index, result in zip(others, self.answer_other([requests[i] for i in others]), strict=True):
             answers[index] = result
         return answers
+
+    def _at_once(self, requests: list[HeldRequest]) -> list[Answer]:
+        prepared = self.prepare(requests)
+        self.launch(prepared)
+        return self.finish(prepared)
+
+    def _in_turns(self, requests: list[HeldRequest], turns: GpuTurns) -> list[Answer]:
+        turns.begin(requests)
+        try:
+            chunks = turns.chunks(requests)
+            results: list[Answer] = []
+            prepared = self.prepare(chunks[0])
+            for following in [*chunks[1:], None]:
+                turns.before_launch()
+                try:
+                    self.launch(prepared)
+                    upcoming = self.prepare(following) if following is not None else None
+                    prepared.collect()
+                finally:
+                    turns.after_collect()
+                results += self.finish(prepared)
+                prepared = upcoming
+            return results
+        finally:
+            turns.end()
 
     def split(self, requests: list[HeldRequest]) -> tuple[list[int], list[int]]:
         """The indices of the plain path's requests, and of those answer_other takes (late chunks, multi-vector)."""

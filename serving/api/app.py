@@ -37,6 +37,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from common.gpu_board import GpuBoard
 from protocol.api_key import HEADER, accepted
 from serving.api import routes_cohere, routes_hybrid, routes_multi_vector, routes_openai, routes_tei
 from serving.api.cors import PREFLIGHT, cors_headers, is_preflight
@@ -180,13 +181,16 @@ def command(
     ready_url: str,
     metrics_url: str,
     overrides: tuple[str, ...] | list[str] = (),
+    gpu_board: Path | None = None,
 ) -> list[str]:
     """The command line of one worker, as the launcher and the chart's api container run it; overrides: the
-    launcher's --set, which the worker applies over the settings files it reads."""
+    launcher's --set, which the worker applies over the settings files it reads; gpu_board: the server's
+    (common/gpu_board.py), where the launcher made one."""
     return [
         "-m", "serving.api", "--settings", *map(str, settings_paths), "--repository", str(repository),
         "--host", host, "--port", str(port), "--grpc", grpc_target, "--ready-url", ready_url,
         "--metrics-url", metrics_url, "--workers", "1", *override_flags(overrides),
+        *(["--gpu-board", str(gpu_board)] if gpu_board else []),
     ]  # fmt: skip
 
 
@@ -201,6 +205,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--grpc", help="tritonserver's gRPC, host:port (default: 127.0.0.1:server.grpc_port)")
     parser.add_argument("--ready-url", help="the launcher's readiness (default: 127.0.0.1:server.health_port)")
     parser.add_argument("--metrics-url", help="default: 127.0.0.1:server.metrics_port/metrics")
+    parser.add_argument(
+        "--gpu-board",
+        type=Path,
+        help="the server's GPU board (common/gpu_board.py): queries use the lane only beside ingestion",
+    )
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="a settings override")
     parser.add_argument(
         "--workers", type=int, default=1, help="processes on the port, each restarted if it dies (0: api.workers = 0's)"
@@ -225,6 +234,7 @@ def main(argv: list[str] | None = None) -> None:
         args.grpc or f"127.0.0.1:{server.grpc_port}",
         args.ready_url or f"http://127.0.0.1:{server.health_port}/ready",
         args.metrics_url or f"http://127.0.0.1:{server.metrics_port}/metrics",
+        GpuBoard(args.gpu_board) if args.gpu_board else None,
     )
     web.run_app(
         make_app(api),

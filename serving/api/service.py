@@ -12,6 +12,7 @@ import orjson
 from aiohttp import web
 
 from common.contract import LANE_PARAMETER, PROMPT_PARAMETER, TOKENS_OUTPUT
+from common.gpu_board import GpuBoard
 from protocol.api_key import api_key
 from serving.api.call_stats import CallStats
 from serving.api.coalescer import Coalescer
@@ -33,9 +34,18 @@ class Api:
     """What every route shares in one worker process."""
 
     def __init__(
-        self, deployment: Deployment, models: Models, port: int, grpc_target: str, ready_url: str, metrics_url: str
+        self,
+        deployment: Deployment,
+        models: Models,
+        port: int,
+        grpc_target: str,
+        ready_url: str,
+        metrics_url: str,
+        board: GpuBoard | None = None,
     ):
-        self.deployment, self.models = deployment, models
+        """board: the server's GPU board, where the stubs say whether ingestion runs; without one a query always
+        goes to its model's query lane."""
+        self.deployment, self.models, self.board = deployment, models, board
         self.grpc_target, self.ready_url, self.metrics_url = grpc_target, ready_url, metrics_url
         self.api_key = api_key()
         self.in_flight = 0
@@ -79,9 +89,15 @@ class Api:
         return self._coalescers[key]
 
     async def _call(self, model: ServedModel, inputs, outputs, parameters, priority_class: str, context) -> dict:
-        """Over the streaming model where there is one, retried once on the unary model (the lane for a query) when
-        its stream or stub failed it; else on the unary model."""
-        unary = model.query_lane if priority_class == "query" and model.query_lane else model.triton
+        """Over the streaming model where there is one, retried once on the unary model when its stream or stub
+        failed it; else on the unary model. A query goes to the query lane while ingestion runs, else to the
+        model itself, named a query (work-conserving: queries alone get every instance)."""
+        unary, lane = model.triton, ""
+        if priority_class == "query" and model.query_lane:
+            if self.board is None or self.board.ingesting():
+                unary = model.query_lane
+            else:
+                lane = priority_class
         alone = context.budget_s is not None
         if model.stream:
             try:
@@ -90,7 +106,7 @@ class Api:
                 )
             except NotReady:
                 self.stats.count_class(priority_class, "retried")
-        return await self.coalescer(unary, model, outputs).infer(inputs, parameters, context.deadline, alone)
+        return await self.coalescer(unary, model, outputs, lane).infer(inputs, parameters, context.deadline, alone)
 
     async def infer(
         self, model: ServedModel, inputs: dict[str, list[bytes]], outputs: list[str], parameters: dict | None = None

@@ -50,6 +50,7 @@ def start_api_front(server: TritonServer, settings: Deployment) -> FrontWorkers:
         f"http://127.0.0.1:{ports.health}/ready",
         f"http://127.0.0.1:{ports.metrics}/metrics",
         overrides,
+        server.board_path,
     )
     return FrontWorkers("API front", arguments, settings.api.worker_count(), server.host, ports.api).start()
 

@@ -16,6 +16,7 @@ import os
 import secrets
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.error
@@ -23,6 +24,7 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 
+from common.gpu_board import BOARD_ENVIRONMENT
 from protocol.api_key import api_key
 from serving.launcher.procfs import stubs, stubs_cpu_s
 from serving.launcher.shm import remove_regions
@@ -66,6 +68,12 @@ def ensemble_steps(repository: Path) -> list[list[str]]:
     return [[step.model_name for step in c.ensemble_scheduling.step] for c in configs if c.platform == "ensemble"]
 
 
+def board_path() -> Path:
+    """A new GPU board's file: in shared memory where there is some."""
+    folder = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+    return folder / f"bert-triton-gpu-board-{os.getpid()}-{secrets.token_hex(4)}"
+
+
 class TritonServer:
     """A tritonserver child process; `with TritonServer(...) as server:` waits until the ensemble is ready.
 
@@ -91,6 +99,8 @@ class TritonServer:
         self.work_dir = work_dir or self.deployment.build_dir
         self.log_path = None if console_log else self.work_dir / "tritonserver.log"
         self.admin_key = secrets.token_urlsafe(24)
+        # Where the stubs and the API front take turns on the GPUs (common/gpu_board.py); made by its first user.
+        self.board_path = board_path() if self.deployment.takes_gpu_turns else None
         self.process: subprocess.Popen | None = None
         self.watchdog: StubWatchdog | None = None
         self.stub_restarts: Counter = Counter()  # per model, over every tritonserver this object ran
@@ -116,6 +126,8 @@ class TritonServer:
             raise ServerError(f"{self.repository} is not a generated model repository: run `make repo` first")
         check_tensorrt_plans(self.repository)
         env = stub_environment()
+        if self.board_path is not None:
+            env[BOARD_ENVIRONMENT] = str(self.board_path)
         _, version = check_stub_python(env)
         prebuilt = prebuilt_triton()
         if prebuilt:
@@ -355,6 +367,8 @@ class TritonServer:
                 self.process.kill()
                 self.process.wait()
         self.reap()
+        if self.board_path is not None:
+            self.board_path.unlink(missing_ok=True)
 
     def __enter__(self) -> TritonServer:
         return self.start()

@@ -124,7 +124,18 @@ def check_query_lane(root: Path, settings, model: mc.ModelConfig) -> None:
     nice = settings.priority.ingestion_nice
     assert int(model.parameters["nice"].string_value) == nice if nice else "nice" not in model.parameters
     assert "nice" not in lane.parameters, "the lane's stubs keep their priority"
-    assert dict(lane.parameters) == {key: value for key, value in model.parameters.items() if key != "nice"}
+    own = {"nice", "gpu_turns"}
+    assert {k: v for k, v in lane.parameters.items() if k not in own} == {
+        k: v for k, v in model.parameters.items() if k not in own
+    }
+    if settings.encoder.gpus:  # the stubs take turns on their GPUs (stages/gpu_turns.py)
+        assert (model.parameters["gpu_turns"].string_value, lane.parameters["gpu_turns"].string_value) == (
+            "model",
+            "lane",
+        )
+        assert int(model.parameters["ingestion_chunk_texts"].string_value) == settings.priority.ingestion_chunk_texts
+    else:
+        assert "gpu_turns" not in model.parameters and "gpu_turns" not in lane.parameters
     assert (lane.input, lane.output) == (model.input, model.output)
     assert lane.max_batch_size == model.max_batch_size and lane.backend == "python"
     assert [group.count for group in lane.instance_group] == [settings.priority.query_instances]
@@ -143,7 +154,7 @@ def check_stream(root: Path, settings, model: mc.ModelConfig) -> None:
     assert stream.parameters["engine.spin_us"].string_value == str(settings.engine.options.get("spin_us", 0))
     assert stream.dynamic_batching.max_queue_delay_microseconds == settings.stream.max_queue_delay_us
     own = {key: value for key, value in stream.parameters.items() if not key.startswith(("stream_", "engine.spin"))}
-    assert own == {key: value for key, value in model.parameters.items() if key not in ("nice", "engine.spin_us")}
+    assert own == {k: v for k, v in model.parameters.items() if k not in ("nice", "engine.spin_us", "gpu_turns")}
     assert (stream.input, stream.output, stream.max_batch_size) == (model.input, model.output, model.max_batch_size)
     assert [group.count for group in stream.instance_group] == [settings.stream.instances]
     check_python_model(root, "ensemble-stream", "stream_model")

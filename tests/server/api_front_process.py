@@ -26,11 +26,21 @@ class Front:
     """One API front worker on a free port, in front of `server_urls` (gRPC, readiness, metrics), run as the
     launcher runs its workers (FrontWorkers); it inherits this process's environment."""
 
-    def __init__(self, repository: Path, server_urls: tuple[str, str, str], *overrides: str):
+    def __init__(
+        self, repository: Path, server_urls: tuple[str, str, str], *overrides: str, gpu_board: Path | None = None
+    ):
         (self.port,) = free_ports(1)
         grpc_url, ready_url, metrics_url = server_urls
         arguments = command(
-            [DEFAULT_SETTINGS], repository, "127.0.0.1", self.port, grpc_url, ready_url, metrics_url, overrides
+            [DEFAULT_SETTINGS],
+            repository,
+            "127.0.0.1",
+            self.port,
+            grpc_url,
+            ready_url,
+            metrics_url,
+            overrides,
+            gpu_board,
         )
         self.workers = FrontWorkers("API front", arguments, 1, "127.0.0.1", self.port).start(timeout_s=60)
         self.url = f"http://127.0.0.1:{self.port}"

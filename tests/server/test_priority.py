@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
+from pathlib import Path
 
 import pytest
 import requests
 
 from bench.priority_bench import Driver
+from common.gpu_board import INGESTING, LINGER_S, GpuBoard
 from loadtest.corpus import load_text
 from model_repository.generate import generate
 from serving.launcher.harness import Launcher
 from serving.launcher.triton_command import Ports
+from tests.server.api_front_process import Front
 
 INGESTION_CLIENTS, INGESTION_TEXTS = 2, 64
 QUERY_RATE, PHASE_S = 8.0, 6.0
@@ -26,6 +30,8 @@ QUIET = ["server.canary_interval_s=0", "api.workers=1"]
 class Served:
     ports: Ports
     model: str
+    repository: Path
+    overrides: list[str]
 
     @property
     def url(self) -> str:
@@ -40,14 +46,13 @@ class Served:
 def launched(settings, exported, tmp_path_factory, overrides: list[str]):
     from settings import load_settings
 
-    chosen = load_settings(None, ['engine.precision="fp32"', *overrides, *QUIET])
+    overrides = ['engine.precision="fp32"', *overrides, *QUIET]
+    chosen = load_settings(None, overrides)
     work = tmp_path_factory.mktemp("priority")
     repository = generate(chosen, exported, work / "repository")
     ports = Ports.free()
-    launcher = Launcher(
-        settings.path, repository, ports, work / "launcher.log", ['engine.precision="fp32"', *overrides, *QUIET]
-    )
-    return launcher.start(), Served(ports, chosen.model.name)
+    launcher = Launcher(settings.path, repository, ports, work / "launcher.log", overrides)
+    return launcher.start(), Served(ports, chosen.model.name, repository, overrides)
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +113,42 @@ def test_queries_go_to_the_lane_by_shape_or_by_x_priority(lanes):
     assert after["ensemble"] - before["ensemble"] == 2
     first, third = answers[0].json()["data"][0]["embedding"], answers[2].json()["data"][0]["embedding"]
     assert first == pytest.approx(third, abs=1e-6), "the lane serves the same model"
+
+
+def test_a_query_uses_the_lane_only_while_ingestion_runs(lanes, tmp_path):
+    """Work-conserving priority: an API front given the server's GPU board (common/gpu_board.py, which the stubs on
+    a GPU mark) sends a query to the model itself while no stub ingests, and to the lane while one does."""
+    ports = lanes.ports
+    board = tmp_path / "board"
+    urls = (
+        f"127.0.0.1:{ports.grpc}",
+        f"http://127.0.0.1:{ports.health}/ready",
+        f"http://127.0.0.1:{ports.metrics}/metrics",
+    )
+    front = Front(lanes.repository, urls, *lanes.overrides, gpu_board=board)
+    stub = GpuBoard(board).claim(0)  # a model's stub, as the stage marks it
+    body = {"model": lanes.model, "input": load_text()[:1]}
+    try:
+
+        def served_by(mark: int) -> tuple[str, list[float]]:
+            stub.mark(mark)
+            before = lanes.executions()
+            answer = front.post("/v1/embeddings", body)
+            assert answer.status_code == 200, answer.text
+            after = lanes.executions()
+            (model,) = [name for name in after if after[name] != before.get(name, 0)]
+            return model, answer.json()["data"][0]["embedding"]
+
+        idle, idle_row = served_by(0)
+        busy, busy_row = served_by(INGESTING)
+        stub.mark(0)
+        time.sleep(LINGER_S * 2)
+        again, _ = served_by(0)
+    finally:
+        front.stop()
+        stub.close()
+    assert (idle, busy, again) == ("ensemble", "ensemble-query", "ensemble")
+    assert idle_row == pytest.approx(busy_row, abs=1e-6)
 
 
 @pytest.mark.parametrize(
