@@ -124,13 +124,13 @@ def test_values_schema_refuses_bad_values(chart):
         ({"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}}, "must not exceed"),
         ({"settings": {"toml": "[server]\nhttp_port = 9000\n"}}, "lacks [api] port"),
         ({"settings": {"toml": "[model\n"}}, "not valid TOML"),
-        # The default settings (BERT-base, 8 GPU stubs, the query lane's 1 and the streaming model's 2): 10 s of
-        # drain, then Triton's 10 + 11 x 2 s.
+        # The default settings (BERT-base, 8 GPU stubs and the query lane's 1): 10 s of drain, then Triton's
+        # 10 + 9 x 2 s.
         (
-            {"terminationGracePeriodSeconds": 42},
-            "terminationGracePeriodSeconds (42) must exceed 42 s: the launcher serves until quiet for up to"
-            " server.exit_timeout_s (10), then Triton has its exit timeout (32: as long again, plus"
-            " server.unload_s_per_stub for each of 11 Python stubs)",
+            {"terminationGracePeriodSeconds": 38},
+            "terminationGracePeriodSeconds (38) must exceed 38 s: the launcher serves until quiet for up to"
+            " server.exit_timeout_s (10), then Triton has its exit timeout (28: as long again, plus"
+            " server.unload_s_per_stub for each of 9 Python stubs)",
         ),
     ],
 )
