@@ -11,7 +11,8 @@ real launcher on free ports and drives its API front (POST /v1/embeddings, texts
   answers before it);
 - ingestion alone: --ingestion-clients closed loops of --ingestion-texts texts a request;
 - both at once: the queries' latency and the ingestion's texts/s beside each other.
-Issue 35's bars: queries' p99 beside ingestion <= 2x their p99 alone, ingestion beside queries >= 0.9x alone.
+Issue 45's bars: queries' p99 beside ingestion <= 2x their p99 alone + 5 ms, ingestion beside queries >= 0.9x
+alone.
 Then, in `lanes` with ingestion running: --deadline-requests requests of one text, sent as ingestion
 (X-Priority) with X-Request-Timeout: --budget-ms ms, 64 at a time: each must be answered 504 within 2x its budget
 + 5 ms, and none may be run: the rows Triton ran (nv_inference_count, canary off) equal the rows answered 200.
@@ -193,11 +194,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of each phase")
     parser.add_argument("--deadline-requests", type=int, default=1000)
     parser.add_argument("--budget-ms", type=float, default=5.0)
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     texts = load_text()
     record = {**header("priority_bench", argv), "modes": {}}
-    for mode, overrides in MODES.items():
+    for mode in args.modes:
+        overrides = MODES[mode]
         settings = load_settings(args.settings, [*args.set, *overrides, *QUIET])
         work = Path(tempfile.mkdtemp(prefix=f"priority-{mode}-"))
         repository = generate(settings, settings.export_dir, work / "repository")
@@ -214,11 +217,13 @@ def main(argv: list[str] | None = None) -> int:
             launcher.process.wait(timeout=120)
         record["modes"][mode] = figures
         print(mode, figures, flush=True)
-    lanes = record["modes"]["lanes"]
-    record["bars"] = {
-        "query_p99_beside_ingestion_le_2x_alone": lanes["query_p99_ratio"] <= 2.0,
-        "ingestion_ge_0.9x_alone": lanes["ingestion_ratio"] >= 0.9,
-    }
+    lanes = record["modes"].get("lanes")
+    if lanes is not None:
+        alone_ms, beside_ms = lanes["queries_alone"]["p99_ms"], lanes["queries_beside_ingestion"]["p99_ms"]
+        record["bars"] = {
+            "query_p99_beside_ingestion_le_2x_alone_plus_5ms": beside_ms <= 2 * alone_ms + 5,
+            "ingestion_ge_0.9x_alone": lanes["ingestion_ratio"] >= 0.9,
+        }
     write(args.out, record)
     return 0
 

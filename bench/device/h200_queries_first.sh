@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# One device call on the H200 for issue 45: this tree beside others in the same call (TREES: "name:folder" pairs,
+# each a plain copy of a commit with its own export, e.g. `git archive 6545040 | tar -x -C .trees/main`, carried).
+# The engine alone first (its own figure beside the served ones), then per tree, with that tree's own benchmarks:
+# - PART=queries: bench.api_cost with one perf_analyzer process, one text a request, direct gRPC and
+#   /v1/embeddings (base64) at CONCURRENCY: a load of queries only;
+# - PART=shapes: bench.e2e_bench (perf_analyzer, unary gRPC) at E2E_SHAPES (texts x concurrency);
+# - PART=priority: bench.priority_bench: one-text queries at 50/s alone and beside SHAPES of ingestion
+#   (clients x texts), then 1,000 requests with a 5 ms budget beside the first shape.
+# SET_<name>: --set overrides for that tree (e.g. SET_new="stream.enabled=false encoder.instances=8").
+# Run from the repo root with .kit and the trees carried. Results land in $OUT.
+OUT=${OUT:-/tmp/h200_queries_first}
+EXPORT_LOG=/tmp/export.log
+# shellcheck source=bench/device/device_preamble.sh
+source bench/device/device_preamble.sh
+SETTINGS=${SETTINGS:-settings/variants/bert-base-h200.toml}
+TREES=${TREES:-new:.}
+PART=${PART:-queries}
+ROOT=$(pwd)
+for pair in $TREES; do
+  name=${pair%%:*} folder=${pair#*:}
+  [ -f "$folder/build/models/bert-base-random/model.safetensors" ] && continue
+  (cd "$folder" && "$IMAGE_PYTHON" -m export --settings "$SETTINGS" --tokenizer "$ROOT/.kit/tokenizer.json" \
+    > "/tmp/export-$name.log" 2>&1 || { tail -20 "/tmp/export-$name.log"; exit 1; }) &
+done
+wait
+"$IMAGE_PYTHON" -m bench.engine_bench --out "$OUT" --no-baseline --batch-sizes "${ENGINE_BATCHES:-1,64,1024}" 2>&1 \
+  | grep "^engine"
+# shellcheck source=bench/device_env.sh
+source bench/device_env.sh
+for pair in $TREES; do
+  name=${pair%%:*} folder=${pair#*:}
+  set_var="SET_${name}"
+  flags=()
+  for override in ${!set_var:-}; do flags+=(--set "$override"); done
+  echo "== $name ($folder) ${!set_var:-}"
+  (cd "$folder" && python3 -m model_repository.generate --settings "$SETTINGS" "${flags[@]}" > /dev/null)
+  if [ "$PART" = queries ]; then
+    (cd "$folder" && python3 -m bench.api_cost --settings "$SETTINGS" "${flags[@]}" --generator perf_analyzer \
+      --processes 1 --routes grpc api-base64 --concurrency ${CONCURRENCY:-1 64 256} --duration-s "${DURATION_S:-4}" \
+      --rounds 1 --out "$OUT/$name" 2>&1 | tee "$OUT/$name.log" | grep "^c=") || echo "$name: api_cost failed"
+  elif [ "$PART" = shapes ]; then  # several texts a request over unary gRPC: TEXTSxCONCURRENCY
+    (cd "$folder" && python3 -m bench.e2e_bench --settings "$SETTINGS" "${flags[@]}" --perf-analyzer "$PERF_ANALYZER" \
+      --gpu-name "$GPU_NAME" --shapes "${E2E_SHAPES:-8x64,64x8}" --interval-ms 2000 --out "$OUT/$name-shapes" 2>&1 \
+      | tee "$OUT/$name-shapes.log" | grep -v "^ " | tail -6) || echo "$name: e2e_bench failed"
+  else
+    shapes=${SHAPES:-16x64 4x64 64x8}
+    modes=(--modes lanes)  # a tree whose priority_bench runs both modes always: the first shape only
+    grep -q -- '"--modes"' "$folder/bench/priority_bench.py" || { modes=(); shapes=${shapes%% *}; }
+    for shape in $shapes; do
+      deadline=(--deadline-requests 0)
+      [ "$shape" = "${shapes%% *}" ] && deadline=(--deadline-requests 1000 --budget-ms 5)
+      (cd "$folder" && python3 -m bench.priority_bench --settings "$SETTINGS" "${flags[@]}" --query-rate 50 \
+        --ingestion-clients "${shape%x*}" --ingestion-texts "${shape#*x}" --duration "${DURATION:-8}" "${deadline[@]}" \
+        "${modes[@]}" --out "$OUT/$name-$shape" 2>&1 | grep -v "^ " | tail -4) || echo "$name $shape: priority_bench failed"
+    done
+  fi
+done
