@@ -17,6 +17,8 @@ QUERY_LANE_SUFFIX = "-query"  # <model>-query: a model's query lane, the same st
 STREAM_SUFFIX = "-stream"  # <model>-stream: the same stage, decoupled, over gRPC streams only ([stream])
 LANE_PARAMETER = "lane"  # KServe parameter of a <model>-stream request: "query" goes first into the next batch
 BUDGET_PARAMETER = "budget_us"  # int: a <model>-stream request is refused unrun once this long has passed since it came
+DEADLINE_PARAMETER = "deadline_ns"  # int: a unary request is refused unrun past this time.monotonic_ns() (the host's
+# CLOCK_MONOTONIC, one clock for every process of the host): the API front's budget, as the stage sees it
 BUDGET_EXPIRED = "time budget ran out"  # the refusal's words, which the fronts read as a timeout
 WARMUP_TEXT = "Warm-up request: the first real request should not pay for lazy initialization."
 SERVING_FILE = "serving.json"

@@ -24,8 +24,10 @@ for pair in $TREES; do
     > "/tmp/export-$name.log" 2>&1 || { tail -20 "/tmp/export-$name.log"; exit 1; }) &
 done
 wait
-"$IMAGE_PYTHON" -m bench.engine_bench --out "$OUT" --no-baseline --batch-sizes "${ENGINE_BATCHES:-1,64,1024}" 2>&1 \
-  | grep "^engine"
+if [ "${ENGINE:-1}" = 1 ]; then  # ENGINE=0: a second part in the same call
+  "$IMAGE_PYTHON" -m bench.engine_bench --out "$OUT" --no-baseline --batch-sizes "${ENGINE_BATCHES:-1,64,1024}" 2>&1 \
+    | grep "^engine"
+fi
 # shellcheck source=bench/device_env.sh
 source bench/device_env.sh
 for pair in $TREES; do

@@ -11,12 +11,13 @@ Late chunks and a multi-vector model's sides run whole in `answer_other`.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Callable
 
 import numpy as np
 
-from common.contract import QUERY_INPUT, SCORE_OUTPUT, TEXT_INPUT, TOKENS_OUTPUT
+from common.contract import BUDGET_EXPIRED, DEADLINE_PARAMETER, QUERY_INPUT, SCORE_OUTPUT, TEXT_INPUT, TOKENS_OUTPUT
 
 from .classification import label_array, scores_and_labels
 from .engines import Engine
@@ -41,7 +42,7 @@ class HeldRequest:
     parameters_json: str
     asked: tuple[str, ...] = ()
     sender: object = None  # a streaming model's response sender
-    deadline: float = 0.0  # perf_counter() time past which it is refused unrun (0: none)
+    deadline: float = 0.0  # time.monotonic() past which it is refused unrun (0: none)
     query_class: bool = False  # a streaming model's query: first into the next batch
 
     def parameters(self) -> str:
@@ -56,13 +57,19 @@ class HeldRequest:
 
 
 def held(request, pairs: bool, get_input: Callable) -> HeldRequest:
-    """A Python-backend request as a HeldRequest (`get_input`: pb_utils.get_input_tensor_by_name)."""
-    return HeldRequest(
+    """A Python-backend request as a HeldRequest (`get_input`: pb_utils.get_input_tensor_by_name), with the
+    deadline the API front gave it (parameter deadline_ns)."""
+    view = HeldRequest(
         get_input(request, TEXT_INPUT).as_numpy(),
         get_input(request, QUERY_INPUT).as_numpy() if pairs else None,
         request.parameters(),
         tuple(request.requested_output_names()),
     )
+    if DEADLINE_PARAMETER in view.parameters_json:
+        deadline_ns = json.loads(view.parameters_json).get(DEADLINE_PARAMETER)
+        if isinstance(deadline_ns, int) and deadline_ns > 0:
+            view.deadline = deadline_ns / 1e9
+    return view
 
 
 @dataclasses.dataclass(eq=False)
@@ -110,6 +117,13 @@ class StageCore:
     def answer(self, requests: list[HeldRequest], turns: GpuTurns | None = None) -> list[Answer]:
         """Each request's answer; with `turns` (gpu_turns.py) the plain path runs in chunks, each launched in its
         turn on the GPU, the next tokenized while this one computes."""
+        late = [index for index, request in enumerate(requests) if expired(request)]
+        if late:  # their budget ran out in Triton's queue: refused unrun
+            live = [index for index in range(len(requests)) if index not in set(late)]
+            answers = [f"{BUDGET_EXPIRED} before the stage took it"] * len(requests)
+            for index, result in zip(live, self.answer([requests[i] for i in live], turns), strict=True):
+                answers[index] = result
+            return answers
         plain, others = self.split(requests)
         answers: list = [None] * len(requests)
         if plain:
@@ -303,4 +317,4 @@ class StageCore:
 
 
 def expired(request: HeldRequest, now: float | None = None) -> bool:
-    return bool(request.deadline) and request.deadline <= (time.perf_counter() if now is None else now)
+    return bool(request.deadline) and request.deadline <= (time.monotonic() if now is None else now)

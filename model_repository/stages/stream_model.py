@@ -65,7 +65,7 @@ class Intake:
                 self._ready.wait()
             if self.closed and not (self._queries or self._rest):
                 return None
-            batch, late, texts, now = [], [], 0, time.perf_counter()
+            batch, late, texts, now = [], [], 0, time.monotonic()
             for held_queue in (self._queries, self._rest):
                 while held_queue:
                     request = held_queue[0]
@@ -119,7 +119,7 @@ class TritonPythonModel(pipeline_model.TritonPythonModel):
             self.core.answer([HeldRequest(text, text if self.core.pairs else None, "{}")])
 
     def execute(self, requests: list) -> None:
-        arrived = time.perf_counter()
+        arrived = time.monotonic()
         views = []
         for request in requests:
             view = held(request, self.core.pairs, pb_utils.get_input_tensor_by_name)

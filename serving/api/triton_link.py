@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import Sequence
 
 import grpc
 import numpy as np
 
-from common.contract import BUDGET_PARAMETER
+from common.contract import BUDGET_PARAMETER, DEADLINE_PARAMETER
 from protocol.api_key import headers
 from protocol.kserve_grpc import (
     GRPC_CHANNEL_ARGS,
@@ -90,6 +91,8 @@ class TritonLink:
             budget = {BUDGET_PARAMETER: int(timeout_s * 1e6)} if timeout_s is not None else {}
             request = tensors_infer_message(model, inputs, outputs, request_id, {**(parameters or {}), **budget})
             return await self._streams.call(request, timeout)
+        if timeout_s is not None:  # past its gRPC deadline the stage refuses it unrun, if Triton has not dropped it
+            parameters = {**(parameters or {}), DEADLINE_PARAMETER: time.monotonic_ns() + int(timeout_s * 1e9)}
         try:
             request = tensors_infer_message(model, inputs, outputs, request_id, parameters).SerializeToString()
             metadata = (*self._key, *trace.items()) or None
