@@ -43,7 +43,6 @@ from urllib.parse import urlsplit
 from bench.e2e_bench import perf_analyzer_input, run_perf_analyzer
 from bench.process_cpu import per_request, snapshot
 from bench.record import header, write
-from common.contract import STREAM_SUFFIX
 from loadtest.corpus import load_text
 from loadtest.triton_stats import scrape_metrics
 from protocol.kserve_grpc import GRPC_CHANNEL_ARGS, MODEL_INFER, model_infer_request
@@ -57,10 +56,10 @@ from settings import load_settings
 QUANTIZED_FORMATS = ("int8", "uint8", "binary", "ubinary")  # OpenAI encoding_format, beside float and base64
 COHERE_TYPES = ("float", "int8", "binary")  # Cohere v2 embedding_types, one a route
 ROUTES = (
-    "grpc", "grpc-stream", "api-base64", "api-float", "api-base64-alone", "tei-embed",
+    "grpc", "api-base64", "api-float", "api-base64-alone", "tei-embed",
     *(f"api-{name}" for name in QUANTIZED_FORMATS), *(f"cohere-{name}" for name in COHERE_TYPES),
 )  # fmt: skip
-DEFAULT_ROUTES = ROUTES[:4]
+DEFAULT_ROUTES = ROUTES[:3]
 
 
 def request_body(route: str, model: str, text: str) -> dict:
@@ -166,12 +165,11 @@ def addresses(ports: Ports) -> dict[str, str]:
     cohere = {f"cohere-{name}": f"http://127.0.0.1:{ports.api}/v2/embed" for name in COHERE_TYPES}
     openai = {f"api-{name}": api for name in ("base64", "float", *QUANTIZED_FORMATS)}
     grpc = f"127.0.0.1:{ports.grpc}"
-    return {"grpc": grpc, "grpc-stream": grpc, **openai, "tei-embed": tei, **cohere}
+    return {"grpc": grpc, **openai, "tei-embed": tei, **cohere}
 
 
 def triton_requests(metrics_url: str) -> tuple[float, float]:
-    """(texts, requests) the ensemble, its query lane and its streaming model have answered so far, by Triton's own
-    counters."""
+    """(texts, requests) the ensemble and its query lane have answered so far, by Triton's own counters."""
     models = [counters for name, counters in scrape_metrics(metrics_url).items() if name.startswith("ensemble")]
     return tuple(sum(c.get(key, 0.0) for c in models) for key in ("nv_inference_count", "nv_inference_request_success"))
 
@@ -261,9 +259,8 @@ class PerfAnalyzer:
 
     def run_route(self, target: Target, route: str, address: str, concurrency: int, duration_s: float) -> dict:
         data, csv_path = self.work / f"{route}.json", self.work / f"{route}.csv"
-        if route.startswith("grpc"):
-            url, endpoint = address, None
-            model = "ensemble" + (STREAM_SUFFIX if route == "grpc-stream" else "")
+        if route == "grpc":
+            url, endpoint, model = address, None, "ensemble"
             if not data.exists():
                 perf_analyzer_input(target.texts, data)
         else:
@@ -277,7 +274,7 @@ class PerfAnalyzer:
             # stable run), reported as one: a round as long as the Python generator's.
             row = run_perf_analyzer(
                 self.binary, url, model, data, concurrency, 1, round(duration_s * 1000 / 3), 999, csv_path,
-                endpoint=endpoint, max_threads=target.processes, streaming=route == "grpc-stream",
+                endpoint=endpoint, max_threads=target.processes,
             )  # fmt: skip
             figures = {"rps": round(row["inferences_per_s"], 1), "p50_ms": row["p50_ms"], "p99_ms": row["p99_ms"]}
             return figures, row["client_cpu_s"]
@@ -318,13 +315,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="py-spy one API worker in the first api round")
     parser.add_argument("--out", type=Path, default=Path("build/bench"))
     parser.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="settings override, e.g. stream.enabled=false"
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="settings override, e.g. encoder.instances=4"
     )
     args = parser.parse_args(argv)
     if args.generator == "perf_analyzer" and shutil.which(args.perf_analyzer) is None:
         raise SystemExit(f"perf_analyzer not found ({args.perf_analyzer}); pass --perf-analyzer or PERF_ANALYZER")
-    if args.generator == "python" and "grpc-stream" in args.routes:
-        raise SystemExit("route grpc-stream needs --generator perf_analyzer (its --streaming)")
     settings = load_settings(args.settings, args.set)
     texts = load_text()
     args.out.mkdir(parents=True, exist_ok=True)

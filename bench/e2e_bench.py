@@ -31,7 +31,7 @@ import tritonclient.grpc as grpcclient
 
 from bench import process_cpu
 from bench.gpu_sampler import GpuSampler
-from common.contract import QUERY_INPUT, STREAM_SUFFIX, TEXT_INPUT
+from common.contract import QUERY_INPUT, TEXT_INPUT
 from loadtest.corpus import load_text
 from loadtest.triton_stats import model_stats, stage_breakdown
 from model_repository.generate import generate
@@ -64,15 +64,14 @@ def run_perf_analyzer(
     csv_path: Path,
     endpoint: str | None = None,
     max_threads: int | None = None,
-    streaming: bool = False,
 ) -> dict:
     """One perf_analyzer run at `concurrency`: KServe gRPC to `url`, or with `endpoint` its OpenAI mode, which
     posts each --input-data row's JSON payload as is to http://url/endpoint (asynchronous calls only), on at
-    most `max_threads` threads (perf_analyzer's default: 16); `streaming`: over gRPC streams (a <model>-stream)."""
+    most `max_threads` threads (perf_analyzer's default: 16)."""
     protocol = "grpc" if endpoint is None else "http"
     service = ["--async", "--service-kind=openai", f"--endpoint={endpoint}"]
     if endpoint is None:
-        service = ["-i", "grpc", *(["--streaming"] if streaming else [])]
+        service = ["-i", "grpc"]
     command = [
         binary, "-m", model, "-u", url, *service, "--input-data", str(data), "-b", str(batch),
         "--concurrency-range", str(concurrency), "--measurement-interval", str(interval_ms), "--max-trials", "8",
@@ -156,7 +155,7 @@ def sweep(settings: Settings, args, work: Path, texts: list[str]) -> dict:
             texts, concurrency = shapes[-1]
             run_perf_analyzer(
                 args.perf_analyzer, url, args.model, data, concurrency, texts, args.warmup_s * 1000 // 3, 100,
-                work / "warmup.csv", streaming=args.model.endswith(STREAM_SUFFIX),
+                work / "warmup.csv",
             )  # fmt: skip
         model = args.model
         for texts, concurrency in shapes:
@@ -168,7 +167,7 @@ def sweep(settings: Settings, args, work: Path, texts: list[str]) -> dict:
             with GpuSampler() as gpu:
                 row = run_perf_analyzer(
                     args.perf_analyzer, url, model, data, concurrency, texts, args.interval_ms, args.stability,
-                    work / f"{model}-{texts}x{concurrency}.csv", streaming=model.endswith(STREAM_SUFFIX),
+                    work / f"{model}-{texts}x{concurrency}.csv",
                 )  # fmt: skip
             cpu_after, after = process_cpu.snapshot(server_pid), model_stats(stats_client)
             row["tritonserver_threads"] = process_cpu.busiest_threads(

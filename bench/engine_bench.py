@@ -99,7 +99,7 @@ VARIANTS = [
 
 
 def time_pipelined(engine, batches: list, min_calls: int = 24, min_seconds: float = 0.5) -> dict:
-    """Engine.submit as stages/stream_model.py calls it (batch n + 1 launched, then batch n collected): sequences per
+    """Engine.submit with two batches in flight (batch n + 1 launched, then batch n collected): sequences per
     second, and the largest difference of two overlapped batches' rows from forward()'s."""
     packed = [pack_sequences(batch) for batch in batches]
     pair = [packed[0], packed[1 % len(packed)]]
@@ -243,7 +243,7 @@ def main() -> int:
             f"engine bs={bs}: {r['seq_per_s']:.0f} seq/s, p50 {r['p50_ms']:.3f}, p99 {r['p99_ms']:.3f} ms", flush=True
         )
         save()
-    for bs in batch_sizes:  # as the streaming model runs batches: the next launched before the last is collected
+    for bs in batch_sizes:  # two in flight: the next launched before the last is collected
         r = time_pipelined(engine, batch_sets[bs])
         results.setdefault("engine_pipelined", {})[str(bs)] = r
         print(f"engine pipelined bs={bs}: {r['seq_per_s']:.0f} seq/s, max diff {r['max_abs_diff']:.2e}", flush=True)

@@ -41,9 +41,6 @@ def main(argv: list[str] | None = None) -> int:
         "--priority", choices=("query", "ingestion"), help="the class (default: by the number of texts)"
     )
     parser.add_argument(
-        "--stream", action="store_true", help="over a gRPC stream to the model's streaming copy (<model>-stream)"
-    )
-    parser.add_argument(
         "--retries", type=int, help="total tries when the server is unavailable (default: until the deadline)"
     )
     args = parser.parse_args(argv)
@@ -54,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with TextClient(
             args.url, args.protocol, args.model, args.timeout, RetryPolicy(attempts=args.retries),
-            priority=args.priority, stream=args.stream,
+            priority=args.priority,
         ) as client:  # fmt: skip
             parameters = (
                 side_parameters(args.input_type or "document")

@@ -10,9 +10,7 @@ max_batch_size is sent as several, its outputs put back together in order. With 
 argument, else BERT_TRITON_API_KEY of the environment) every inference carries it (protocol/api_key.py).
 A query (priority="query", or by default a call of at most priority.query_max_texts texts) goes to the model's
 query lane, `<model>-query`, where the server has one: it then waits for no ingestion batch (docs/api.md,
-Priority and deadlines); priority="ingestion" keeps every call on the model itself. TextClient(stream=True) calls
-the model's streaming copy, `<model>-stream`, over one gRPC stream (client/streaming.py), a query with the lane
-parameter that puts it first into the next batch.
+Priority and deadlines); priority="ingestion" keeps every call on the model itself.
 """
 
 from __future__ import annotations
@@ -33,13 +31,11 @@ from tritonclient.utils import InferenceServerException
 from common.contract import (
     INPUT_TYPE,
     INPUT_TYPES,
-    LANE_PARAMETER,
     QUERY_INPUT,
     QUERY_LANE_SUFFIX,
     SCORE_OUTPUT,
     SPARSE_THRESHOLD,
     SPARSE_TOP_K,
-    STREAM_SUFFIX,
     TEXT_INPUT,
 )
 from protocol.api_key import api_key as api_key_of_environment
@@ -47,8 +43,6 @@ from protocol.api_key import headers
 from protocol.kserve_grpc import GRPC_CHANNEL_ARGS, TRANSIENT_MESSAGES, encode_texts, join_outputs
 from protocol.multi_vector import token_vectors
 from protocol.sparse import entries
-
-from .streaming import TextStream
 
 PROTOCOLS = ("grpc", "http")
 # CANCELLED too: this client never cancels a call itself (its deadline is DEADLINE_EXCEEDED), so a CANCELLED
@@ -192,14 +186,10 @@ class _Base:
         connect_timeout_s: float = 3.0,
         api_key: str | None = None,
         priority: str | None = None,
-        stream: bool = False,
     ) -> None:
         if priority not in (None, "query", "ingestion"):
             raise ValueError(f'priority must be "query", "ingestion" or None (by the call\'s size), not {priority!r}')
         url, self.protocol = split_url(url, protocol)
-        if stream and self.protocol != "grpc":
-            raise ValueError("stream=True calls over gRPC streams: give a gRPC URL")
-        self.stream = stream
         self._headers = headers(api_key or api_key_of_environment(), self.protocol)  # none without a key
         self.url = url or default_url(self.protocol)
         self.model, self.timeout_s, self.connect_timeout_s = model, timeout_s, connect_timeout_s
@@ -256,7 +246,6 @@ class TextClient(_Base):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self._stream = TextStream(self.url, tuple(self._headers.items())) if self.stream else None
         if self.protocol == "grpc":
             self._module, self._json = grpcclient, {"as_json": True}
             self._client = grpcclient.InferenceServerClient(self.url, channel_args=GRPC_CHANNEL_ARGS)
@@ -306,14 +295,6 @@ class TextClient(_Base):
     def _infer_one(
         self, model: str, encoded: Sequence[bytes], query: bytes | None = None, parameters: dict | None = None
     ) -> dict[str, np.ndarray]:
-        if self._stream is not None:  # the streaming copy; a query first into its next batch
-            inputs = (
-                {TEXT_INPUT: encoded} if query is None else {QUERY_INPUT: [query] * len(encoded), TEXT_INPUT: encoded}
-            )
-            lane = {LANE_PARAMETER: "query"} if model != self.model else {}
-            return self._call(lambda remaining: self._stream.infer(
-                self.model + STREAM_SUFFIX, inputs, {**(parameters or {}), **lane} or None, max(remaining, 0.001)
-            ))  # fmt: skip
         tensors = pair_inputs(self._module, encoded, query)
         result = self._call(
             lambda remaining: self._client.infer(model, tensors, **self._infer_kwargs(remaining, parameters))
@@ -340,8 +321,6 @@ class TextClient(_Base):
         return token_vectors(self.infer(texts, parameters=side_parameters(input_type)))
 
     def close(self) -> None:
-        if self._stream is not None:
-            self._stream.close()
         self._client.close()
 
     def __enter__(self) -> TextClient:

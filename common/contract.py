@@ -14,10 +14,8 @@ SCORE_OUTPUT = "score"  # fp32 [1] per (query, text) pair: a reranker's logit, b
 ENGINE_INPUTS = ("input_ids", "attention_mask")  # int32 [batch, sequence]: ONNX, TensorRT, the two-stage hop
 TOKEN_TYPES = "token_type_ids"  # int32 [batch, sequence], a third engine input for BERT pairs: 0 query, 1 text
 QUERY_LANE_SUFFIX = "-query"  # <model>-query: a model's query lane, the same stage for queries only ([priority])
-STREAM_SUFFIX = "-stream"  # <model>-stream: the same stage, decoupled, over gRPC streams only ([stream])
-LANE_PARAMETER = "lane"  # KServe parameter of a <model>-stream request: "query" goes first into the next batch
-BUDGET_PARAMETER = "budget_us"  # int: a <model>-stream request is refused unrun once this long has passed since it came
-DEADLINE_PARAMETER = "deadline_ns"  # int: a unary request is refused unrun past this time.monotonic_ns() (the host's
+LANE_PARAMETER = "lane"  # KServe parameter: "query" names a request to the model itself a query (not ingestion)
+DEADLINE_PARAMETER = "deadline_ns"  # int: a request is refused unrun past this time.monotonic_ns() (the host's
 # CLOCK_MONOTONIC, one clock for every process of the host): the API front's budget, as the stage sees it
 BUDGET_EXPIRED = "time budget ran out"  # the refusal's words, which the fronts read as a timeout
 WARMUP_TEXT = "Warm-up request: the first real request should not pay for lazy initialization."

@@ -24,8 +24,6 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
-import gevent
-import gevent.queue
 import grpc
 from locust import FastHttpUser, User, constant, constant_throughput, events, task
 from locust.runners import WorkerRunner
@@ -44,7 +42,7 @@ from loadtest.acceptance import (
 )
 from loadtest.corpus import load_text
 from protocol.api_key import api_key, headers
-from protocol.kserve_grpc import MODEL_INFER, MODEL_STREAM_INFER, encode_texts, tensors_infer_request
+from protocol.kserve_grpc import MODEL_INFER, encode_texts, tensors_infer_request
 from settings import load_settings
 
 # The API key of the environment, sent with every request when the server asks for one (protocol/api_key.py).
@@ -124,7 +122,7 @@ def _configure(environment, **_) -> None:
         query=QUERY if settings.model.task == "rerank" else None,
     )
     rate = CONFIG["rate_per_user"]
-    for cls in (GrpcTextUser, GrpcStreamTextUser, HttpTextUser):
+    for cls in (GrpcTextUser, HttpTextUser):
         cls.wait_time = constant_throughput(rate) if rate > 0 else constant(0)
     HttpTextUser.network_timeout = HttpTextUser.connection_timeout = CONFIG["timeout_s"]
 
@@ -189,14 +187,13 @@ def row_problem(shapes: list[list[int]], size: int) -> str | None:
     return f"outputs shaped {wrong} for {size} texts" if wrong else None
 
 
-def grpc_method(cache: dict, host: str, stream: bool):
-    """This process's ModelInfer (or ModelStreamInfer) callable on one channel to host, made once: requests go as
-    the bytes they are, answers are parsed by protobuf alone."""
+def grpc_method(cache: dict, host: str):
+    """This process's ModelInfer callable on one channel to host, made once: requests go as the bytes they are,
+    answers are parsed by protobuf alone."""
     if host not in cache:
         channel = grpc.insecure_channel(host, options=[("grpc.max_receive_message_length", 1 << 30)])
-        make = channel.stream_stream if stream else channel.unary_unary
-        answer = service_pb2.ModelStreamInferResponse if stream else service_pb2.ModelInferResponse
-        cache[host] = make(MODEL_STREAM_INFER if stream else MODEL_INFER, response_deserializer=answer.FromString)
+        answer = service_pb2.ModelInferResponse
+        cache[host] = channel.unary_unary(MODEL_INFER, response_deserializer=answer.FromString)
     return cache[host]
 
 
@@ -218,7 +215,7 @@ class GrpcTextUser(User):
         host = (self.host or "").removeprefix("grpc://")
         if not host:
             raise ValueError("no host: pass --host HOST:PORT of Triton's gRPC endpoint")
-        self._infer = grpc_method(self._calls, host, stream=False)
+        self._infer = grpc_method(self._calls, host)
         self._texts = TextSource()
         desynchronize()
 
@@ -252,31 +249,6 @@ class GrpcTextUser(User):
             context={},
             exception=error,
         )
-
-
-class GrpcStreamTextUser(GrpcTextUser):
-    """The same requests over one gRPC stream per user (ModelStreamInfer, what a decoupled <model>-stream answers),
-    one in flight at a time: the closed loop waits for each answer, timed from its send."""
-
-    _streams: ClassVar[dict] = {}  # per process: host -> the ModelStreamInfer callable on one channel
-
-    def on_start(self) -> None:
-        super().on_start()
-        stream = grpc_method(self._streams, (self.host or "").removeprefix("grpc://"), stream=True)
-        self._outbox: gevent.queue.Queue = gevent.queue.Queue()
-        self._answers = stream(iter(self._outbox.get, None), metadata=KEY_METADATA)
-        self._infer = self._stream_infer
-
-    def on_stop(self) -> None:
-        self._outbox.put(None)  # ends the request iterator: the stream closes
-
-    def _stream_infer(self, request: bytes, timeout: float, metadata) -> service_pb2.ModelInferResponse:
-        self._outbox.put(request)
-        with gevent.Timeout(timeout, TimeoutError(f"no answer on the stream within {timeout:g} s")):
-            answer = next(self._answers)
-        if answer.error_message:
-            raise RuntimeError(answer.error_message)
-        return answer.infer_response
 
 
 class HttpTextUser(FastHttpUser):

@@ -30,7 +30,6 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from common.contract import STREAM_SUFFIX
 from loadtest import report, triton_stats
 from loadtest.acceptance import LOAD_MODELS, Thresholds, format_mix, parse_duration, parse_mix
 from settings import ROOT, SettingsError, load_settings
@@ -38,7 +37,7 @@ from settings import ROOT, SettingsError, load_settings
 HERE = Path(__file__).resolve().parent
 LOCUSTFILE = HERE / "locustfile.py"
 STEP_SHAPE = HERE / "step_shape.py"
-USER_CLASSES = {"grpc": "GrpcTextUser", "grpc-stream": "GrpcStreamTextUser", "http": "HttpTextUser"}
+USER_CLASSES = {"grpc": "GrpcTextUser", "http": "HttpTextUser"}
 
 
 def parse_args(argv: list[str] | None):
@@ -204,8 +203,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     server = settings.server
     url = args.url or f"{server.host}:{server.http_port if args.protocol == 'http' else server.grpc_port}"
-    if args.protocol == "grpc-stream" and not args.model.endswith(STREAM_SUFFIX):
-        args.model += STREAM_SUFFIX  # the model's decoupled copy: the one that answers over streams
     url = url.removeprefix("grpc://").removeprefix("http://").rstrip("/")  # HOST:PORT for Locust and the stats
     results = args.results or ROOT / "build" / "loadtest" / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     results.mkdir(parents=True, exist_ok=True)

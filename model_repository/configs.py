@@ -273,25 +273,6 @@ def query_lane_config(settings: Settings, spec: ServingSpec, names: ServedNames)
     return config
 
 
-def stream_config(settings: Settings, spec: ServingSpec, names: ServedNames) -> mc.ModelConfig:
-    """The one-stage model again as names.stream, decoupled (stages/stream_model.py): stream.instances per GPU, each
-    merging what it holds into engine calls of up to stream.max_batch_texts texts. Its stage warms itself up (Triton
-    sends none here); the dynamic batcher only hands over what arrived, since execute() returns at once."""
-    config = query_lane_config(settings, spec, names)
-    config.name = names.stream
-    config.model_transaction_policy.decoupled = True
-    config.parameters.pop("gpu_turns", None)
-    config.parameters["stream_max_texts"].string_value = str(settings.stream.max_batch_texts)
-    config.parameters["stream_senders"].string_value = str(settings.stream.senders)
-    config.parameters["stream_tokenizer_threads"].string_value = str(settings.stream.tokenizer_threads)
-    # The engine thread sleeps on the GPU's event (the GIL released) rather than polling while the others work.
-    config.parameters[f"{OPTION_PREFIX}spin_us"].string_value = str(settings.engine.options.get("spin_us", 0))
-    config.dynamic_batching.max_queue_delay_microseconds = settings.stream.max_queue_delay_us
-    del config.model_warmup[:]
-    config.instance_group[0].count = settings.stream.instances
-    return config
-
-
 def encoder_config(settings: Settings, spec: ServingSpec, names: ServedNames, warmup_tokens: int) -> mc.ModelConfig:
     stage = settings.encoder
     ragged = {"allow_ragged_batch": True}
@@ -412,6 +393,6 @@ def ensemble_config(settings: Settings, spec: ServingSpec, names: ServedNames) -
 def python_models(settings: Settings, names: ServedNames) -> list[str]:
     """The Triton models one settings file's model runs as Python stubs, in data-path order."""
     if settings.topology == "one_stage":
-        return [names.model, *(name for name in (names.query_lane, names.stream) if name)]
+        return [names.model, *([names.query_lane] if names.query_lane else [])]
     models = [names.tokenizer] + ([names.encoder] if settings.engine.kind != "tensorrt" else [])
     return models + ([names.postprocess] if settings.model.task == "classification" else [])

@@ -36,7 +36,6 @@ from model_repository.configs import (
     one_stage_config,
     postprocess_config,
     query_lane_config,
-    stream_config,
     tensorrt_encoder_config,
     tokenizer_config,
 )
@@ -139,8 +138,6 @@ def _write_models(out: Path, settings: Settings, spec: ServingSpec, export_dir: 
         configs += [query_lane_config(settings, spec, names)] if names.query_lane else []
         for config in configs:
             _write_text_warmup(_write_model(out, config, settings, files, "pipeline_model"), spec)
-        if names.stream:
-            _write_model(out, stream_config(settings, spec, names), settings, files, "stream_model")
         return
     tokenizer_file, serving_file = export_dir / "tokenizer.json", export_dir / SERVING_FILE
     config = tokenizer_config(settings, spec, names)

@@ -15,15 +15,12 @@ from tritonclient.grpc import service_pb2
 from common.contract import PADDED_OUTPUTS, TEXT_INPUT
 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
-MODEL_STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"  # a decoupled model's only way in
 MODEL_STATISTICS = "/inference.GRPCInferenceService/ModelStatistics"
 # Answers that mean "not now" for a model that exists, so a retry will find it: a Python stage's stub died
 # (the request never ran, and the launcher's watchdog restarts the stub within seconds), and a server that
 # is shutting down has unloaded its models while its endpoints still answer.
 STUB_DIED = "is not healthy"  # "Stub process '<instance>' is not healthy."
 TRANSIENT_MESSAGES = (STUB_DIED, "has no available versions")
-# A stream's answer that a stub died proves that stub dead before the call it answers was sent; tritonserver 2.51
-# never answers what the dead stub held, so a stream client fails its calls to that model sent earlier.
 # gRPC reconnects with its own backoff (1 s, growing to 120 s by default): cap it so that a client sees a
 # restarted server within ~1 s. The rest are tritonclient's defaults, which channel_args replaces.
 GRPC_CHANNEL_ARGS = [

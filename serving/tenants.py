@@ -192,8 +192,8 @@ class Tenants:
 
     def priority_problem(self, tenant: Tenant, model: str, lane: str = "") -> str | None:
         """Why a KServe request to `model` is above its tenant's ceiling (a 403 counted), or None: a tenant
-        capped at ingestion may not call a model's query lane (<model>-query), nor send a query to its streaming
-        model (the request's lane parameter)."""
+        capped at ingestion may not call a model's query lane (<model>-query), nor name a request to the model
+        itself a query (the request's lane parameter)."""
         query = model.endswith(QUERY_LANE_SUFFIX) or lane == "query"
         if tenant.max_priority == "query" or not self.priority.enabled or not query:
             return None

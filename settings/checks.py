@@ -99,16 +99,6 @@ def check(settings: Settings) -> None:
     if api.max_body_bytes < 1 or api.timeout_s <= 0:
         raise SettingsError("api needs max_body_bytes >= 1 and timeout_s > 0")
     _check_priority(settings)
-    stream = settings.stream
-    if stream.enabled not in (True, False, "auto"):
-        raise SettingsError(f'stream.enabled is true, false or "auto", not {stream.enabled!r}')
-    if min(stream.instances, stream.senders) < 1 or min(stream.max_queue_delay_us, stream.tokenizer_threads) < 0:
-        raise SettingsError("stream needs instances >= 1, senders >= 1, tokenizer_threads and max_queue_delay_us >= 0")
-    if stream.max_batch_texts < settings.ensemble.max_batch_size:
-        raise SettingsError(
-            f"stream.max_batch_texts ({stream.max_batch_texts}) must hold one request of ensemble.max_batch_size "
-            f"({settings.ensemble.max_batch_size}) texts"
-        )
     tenants = settings.tenants
     if not isinstance(tenants.keys_file, str) or tenants.reload_s <= 0:
         raise SettingsError('tenants needs keys_file, a path or "", and reload_s > 0')
@@ -159,8 +149,8 @@ def _check_sparse(settings: Settings) -> None:
 
 
 def _check_loadtest(load: LoadTestSettings, max_batch_size: int) -> None:
-    if load.protocol not in ("grpc", "grpc-stream", "http"):
-        raise SettingsError(f"loadtest.protocol must be grpc, grpc-stream or http, not {load.protocol!r}")
+    if load.protocol not in ("grpc", "http"):
+        raise SettingsError(f"loadtest.protocol must be grpc or http, not {load.protocol!r}")
     if load.users < 1 or load.duration_s <= 0:
         raise SettingsError("loadtest needs users >= 1 and duration_s > 0")
     if not load.batch_sizes or len(load.batch_weights) != len(load.batch_sizes):

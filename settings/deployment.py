@@ -5,8 +5,7 @@ Each file is read over the defaults as a single one is (loading.load_settings). 
 first file; a later file that sets one of their keys to another value is refused, naming both files and the
 key. With one file the model is served as `ensemble` (its two-stage steps as `tokenizer`, `encoder`,
 `postprocess`), as always; with several, each model is served under its model.name (its steps as
-`<name>-tokenizer`, ...). A one-stage model's query lane is `<name>-query` ([priority]), its streaming model
-`<name>-stream` ([stream]).
+`<name>-tokenizer`, ...). A one-stage model's query lane is `<name>-query` ([priority]).
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import math
 import re
 from pathlib import Path
 
-from common.contract import QUERY_LANE_SUFFIX, STREAM_SUFFIX
+from common.contract import QUERY_LANE_SUFFIX
 from settings.loading import DEFAULT_SETTINGS, load_settings, own_sections
 from settings.schema import (
     ApiSettings,
@@ -37,23 +36,18 @@ MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 @dataclasses.dataclass(frozen=True)
 class ServedNames:
-    """The Triton models one settings file becomes: what clients call, the two-stage steps, the query lane (a
-    one-stage model's second copy for queries) and the streaming model (its decoupled copy); "" for those it lacks."""
+    """The Triton models one settings file becomes: what clients call, the two-stage steps and the query lane (a
+    one-stage model's second copy for queries); "" for those it lacks."""
 
     model: str
     tokenizer: str
     encoder: str
     postprocess: str
     query_lane: str = ""
-    stream: str = ""
 
     def lane_in(self, repository: Path) -> str:
         """The query lane if `repository` holds it (generated with priorities on), else ""."""
         return self.query_lane if self.query_lane and (repository / self.query_lane).is_dir() else ""
-
-    def stream_in(self, repository: Path) -> str:
-        """The streaming model if `repository` holds it ([stream]), else ""."""
-        return self.stream if self.stream and (repository / self.stream).is_dir() else ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,10 +128,9 @@ class Deployment:
     def names(self, settings: Settings) -> ServedNames:
         name = SINGLE_MODEL_NAME if len(self.models) == 1 else settings.model.name
         lane = f"{name}{QUERY_LANE_SUFFIX}" if has_query_lane(settings) else ""
-        stream = f"{name}{STREAM_SUFFIX}" if settings.streamed else ""
         if len(self.models) == 1:
-            return ServedNames(name, "tokenizer", "encoder", "postprocess", lane, stream)
-        return ServedNames(name, f"{name}-tokenizer", f"{name}-encoder", f"{name}-postprocess", lane, stream)
+            return ServedNames(name, "tokenizer", "encoder", "postprocess", lane)
+        return ServedNames(name, f"{name}-tokenizer", f"{name}-encoder", f"{name}-postprocess", lane)
 
     def served(self) -> dict[str, Settings]:
         """Each model by the name clients call it."""
@@ -151,13 +144,13 @@ def has_query_lane(settings: Settings) -> bool:
 
 def python_stubs(settings: Settings) -> int:
     """The stub processes one model's Python stages run, as Triton counts instance groups (the count on each GPU
-    listed): one stage, [encoder]'s, the query lane's and [stream]'s; two stages, [tokenizer]'s, [encoder]'s unless
+    listed): one stage, [encoder]'s and the query lane's; two stages, [tokenizer]'s, [encoder]'s unless
     TensorRT serves it, and a classifier's [postprocess]."""
     devices = max(1, len(settings.encoder.gpus))
     encoder = settings.encoder.instances * devices
     if settings.topology == "one_stage":
         lane = settings.priority.query_instances * devices if has_query_lane(settings) else 0
-        return encoder + lane + (settings.stream.instances * devices if settings.streamed else 0)
+        return encoder + lane
     stubs = settings.tokenizer.instances + (encoder if settings.engine.kind != "tensorrt" else 0)
     return stubs + (settings.postprocess.instances if settings.model.task == "classification" else 0)
 

@@ -191,18 +191,6 @@ class PrioritySettings:
 
 
 @dataclasses.dataclass(frozen=True)
-class StreamSettings:
-    """The decoupled <model>-stream (model_repository/stages/stream_model.py) that gRPC streams and the API call."""
-
-    enabled: bool | str  # true | false | "auto": with encoder.gpus
-    instances: int
-    max_batch_texts: int
-    senders: int
-    tokenizer_threads: int
-    max_queue_delay_us: int
-
-
-@dataclasses.dataclass(frozen=True)
 class TenantSettings:
     """API keys by tenant (serving/tenants.py); off while keys_file is empty."""
 
@@ -248,7 +236,6 @@ class Settings:
     front: FrontSettings
     api: ApiSettings
     priority: PrioritySettings
-    stream: StreamSettings
     tenants: TenantSettings
     tracing: TracingSettings
     tensorrt: TensorRTSettings
@@ -261,12 +248,6 @@ class Settings:
         if self.ensemble.topology != "auto":
             return self.ensemble.topology
         return "two_stage" if self.engine.kind == "tensorrt" else "one_stage"
-
-    @property
-    def streamed(self) -> bool:
-        """Whether the model gets a <model>-stream: one stage, and stream.enabled, or "auto" with GPUs listed."""
-        enabled = (self.stream.enabled == "auto" and bool(self.encoder.gpus)) or self.stream.enabled is True
-        return enabled and self.topology == "one_stage"
 
     def engine_choice(self) -> EngineChoice:
         """The engine and precision a stage of these settings runs on this machine, "auto" decided as the stage

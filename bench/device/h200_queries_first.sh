@@ -7,7 +7,7 @@
 # - PART=shapes: bench.e2e_bench (perf_analyzer, unary gRPC) at E2E_SHAPES (texts x concurrency);
 # - PART=priority: bench.priority_bench: one-text queries at 50/s alone and beside SHAPES of ingestion
 #   (clients x texts), then 1,000 requests with a 5 ms budget beside the first shape.
-# SET_<name>: --set overrides for that tree (e.g. SET_new="stream.enabled=false encoder.instances=8").
+# SET_<name>: --set overrides for that tree (e.g. SET_new="encoder.instances=8").
 # Run from the repo root with .kit and the trees carried. Results land in $OUT.
 OUT=${OUT:-/tmp/h200_queries_first}
 EXPORT_LOG=/tmp/export.log

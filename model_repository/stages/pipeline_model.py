@@ -8,8 +8,9 @@ in one call (text_tokenizer.TextTokenizer: packed ids, no padding), the engine r
 each request gets its own rows back. Nothing crosses a process boundary between tokenizing and encoding,
 which in the two-stage topology (tokenizer -> encoder) costs a stub round trip and a padded copy per
 request. A request over tokenizer.max_text_bytes or max_request_bytes, or with invalid UTF-8, fails with
-INVALID_ARG before anything is decoded; the other requests of the batch are served. stream_model.py serves the
-same core over gRPC streams, tokenizing the next batch while the engine runs this one.
+INVALID_ARG before anything is decoded; the other requests of the batch are served. Beside a query lane on a GPU,
+a batch holding ingestion runs in chunks, each in its turn on the GPU, the next tokenized while one computes
+(gpu_turns.py).
 
 Custom metrics (stage_metrics.py, sent about once a second), with the two stages' names so that dashboards
 read either topology: bert_tokenizer_{requests,tokens}_total, bert_tokenizer_texts_per_execute,
@@ -46,22 +47,15 @@ class TritonPythonModel:
 
     def initialize(self, args: dict) -> None:
         exit_with_parent()  # a killed tritonserver leaves no stub behind (parent_watch.py)
-        self._load(args)
-        gc.freeze()  # what loading made lives on: later collections need not scan it
-
-    def _load(self, args: dict, instances: int | None = None, fast_path: bool = True) -> dict:
-        """The stage core and metrics of this instance (`instances`: how many share its cores, the config's count
-        when None; fast_path: the tokenizer's ASCII path); its config."""
         config, params, version_dir = model_config(args)
         if int(params.get("nice", 0)):  # beside a query lane: the lane's threads get the cores first (configs.py)
             os.nice(int(params["nice"]))  # this thread's, and the engine's threads created after it inherit it
-        count = instance_count(config) if instances is None else instances
-        text = TextInput(version_dir, params, count, pb_utils.Logger.log_info, fast_path)
+        text = TextInput(version_dir, params, instance_count(config), pb_utils.Logger.log_info)
         self.engine = engine_from_args(args, params, pb_utils.Logger.log_info)
         self._create_metrics(args, int(config["max_batch_size"]))
         self.core = StageCore(text, self.engine, params, version_dir, self._record)
         self.turns = gpu_turns(args, params)
-        return config
+        gc.freeze()  # what loading made lives on: later collections need not scan it
 
     def _create_metrics(self, args: dict, max_batch_size: int) -> None:
         declared = {**tokenizer_metrics(max_batch_size), **encoder_metrics(max_batch_size)}

@@ -1,9 +1,9 @@
-"""The one-stage data path, shared by the unary model (pipeline_model.py) and the streaming one (stream_model.py):
+"""The one-stage data path of pipeline_model.py:
 requests' texts -> tokens -> engine -> pooling/head -> each request's outputs, or the message refusing it.
 
 It knows requests only as HeldRequest (its inputs as numpy, its KServe parameters, the outputs it asks for), so it
 imports nothing of Triton's. A batch of the plain path (an embedder, classifier, reranker, sparse or hybrid model)
-goes in three steps, so that a caller can tokenize the next batch while the engine runs this one:
+goes in three steps, so that the next chunk is tokenized while the engine runs this one (gpu_turns.py):
 `prepare` (tokenize), `launch` (the engine; asynchronous where the engine can be) and `finish` (each request's rows).
 Late chunks and a multi-vector model's sides run whole in `answer_other`.
 """
@@ -41,9 +41,7 @@ class HeldRequest:
     query: np.ndarray | None
     parameters_json: str
     asked: tuple[str, ...] = ()
-    sender: object = None  # a streaming model's response sender
     deadline: float = 0.0  # time.monotonic() past which it is refused unrun (0: none)
-    query_class: bool = False  # a streaming model's query: first into the next batch
 
     def parameters(self) -> str:
         return self.parameters_json

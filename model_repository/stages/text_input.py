@@ -98,14 +98,13 @@ class TextInput:
         params: dict[str, str],
         instances: int,
         log_info: Callable[[str], None] = log.info,
-        fast_path: bool = True,
     ) -> None:
         """log_info takes the line naming the tokenizer's paths (the stages pass pb_utils.Logger.log_info: Triton's
-        log, beside the engine's); fast_path: TextTokenizer's."""
+        log, beside the engine's)."""
         if instances > 1:
             # Parallelism then comes from the instances; a thread pool per instance would oversubscribe the cores.
             os.environ["TOKENIZERS_PARALLELISM"] = "false"
-        self.tokenizer = TextTokenizer.from_file(version_dir / "tokenizer.json", int(params["max_tokens"]), fast_path)
+        self.tokenizer = TextTokenizer.from_file(version_dir / "tokenizer.json", int(params["max_tokens"]))
         log_info(f"tokenizer: {self.tokenizer.path}")
         self.max_text_bytes = int(params["max_text_bytes"])
         self.max_request_bytes = int(params["max_request_bytes"])

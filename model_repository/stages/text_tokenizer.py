@@ -34,15 +34,11 @@ class TextTokenizer:
     is exact for the tokenizer (prefix_encoding.py). `path` says which are used, for the stage's log.
     """
 
-    def __init__(self, tokenizer: Tokenizer, max_tokens: int, fast_path: bool = True) -> None:
-        """fast_path False: every text to the Hugging Face tokenizer, whose batches run on its own threads with the
-        GIL released (what a process of several Python threads wants: stream_model.py)."""
+    def __init__(self, tokenizer: Tokenizer, max_tokens: int) -> None:
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
         self._prefix = PrefixEncoder(tokenizer)
         self._ascii, no_ascii = ascii_path(tokenizer, max_tokens, self._prefix.cut)
-        if not fast_path:
-            self._ascii, no_ascii = None, "off for this stage"
         model = type(tokenizer.model).__name__
         if self._ascii:
             self.path = f"ASCII fast path ({self._ascii.kind}), Hugging Face tokenizer ({model}) for the rest"
@@ -53,8 +49,8 @@ class TextTokenizer:
         self._whole: Tokenizer | None = None  # pairs: whole lengths, where they decide
 
     @classmethod
-    def from_file(cls, path: str | Path, max_tokens: int, fast_path: bool = True) -> TextTokenizer:
-        return cls(load_tokenizer(path, max_tokens), max_tokens, fast_path)
+    def from_file(cls, path: str | Path, max_tokens: int) -> TextTokenizer:
+        return cls(load_tokenizer(path, max_tokens), max_tokens)
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(ids, lengths): every text's ids one after the other (int32), and how many each text has (int64)."""

@@ -86,7 +86,7 @@ class Coalescer:
         window_s: float,
         parameters: dict | None = None,
     ) -> None:
-        """parameters: KServe parameters every call carries (a streaming model's lane)."""
+        """parameters: KServe parameters every call carries (a prompt, a query's lane)."""
         self.link, self.model, self.outputs, self.parameters = link, model, outputs, parameters or {}
         self.max_texts, self.max_bytes = max_texts, max_bytes
         self.max_calls, self.window_s = max_calls, window_s

@@ -47,8 +47,7 @@ class ServedModel:
     limits: Limits
     prompts: dict[str, str]  # sentence-transformers' prompts by name (TEI's prompt_name)
     calibration: Calibration | None  # an embedder's int8/uint8 calibration from its export; None if it has none
-    query_lane: str = ""  # the Triton model queries go to ([priority]); "" when it has none
-    stream: str = ""  # the decoupled <model>-stream every request goes to over gRPC streams ([stream]); "" if none
+    query_lane: str = ""  # the Triton model queries go to while ingestion runs ([priority]); "" when it has none
 
     @property
     def task(self) -> str:
@@ -114,9 +113,9 @@ def served_model(deployment: Deployment, settings: Settings, repository: Path) -
     prompts = dict(spec.prompts or {})
     limits = Limits(deployment.api.max_inputs, settings.tokenizer.max_text_bytes, spec.output_size)
     calibration = Calibration.load(folder)
-    lane, stream = names.lane_in(repository), names.stream_in(repository)
+    lane = names.lane_in(repository)
     return ServedModel(
-        settings.model.name, names.model, settings, spec, tokenizer, whole, limits, prompts, calibration, lane, stream
+        settings.model.name, names.model, settings, spec, tokenizer, whole, limits, prompts, calibration, lane
     )
 
 

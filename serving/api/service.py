@@ -51,8 +51,7 @@ class Api:
         self.in_flight = 0
         self.created = int(time.time())
         lanes = [model.query_lane for model in models.all if model.query_lane]
-        self.streamed = frozenset(model.stream for model in models.all if model.stream)
-        self.stats = CallStats(port, [model.triton for model in models.all] + lanes + sorted(self.streamed))
+        self.stats = CallStats(port, [model.triton for model in models.all] + lanes)
         self.tracing = Tracing.of(deployment.tracing, "api")
         # Rates shared with the server's other fronts: those of its (public) gRPC port, server.grpc_port.
         self.tenants = Tenants.of(deployment, deployment.server.grpc_port, "api")
@@ -62,9 +61,7 @@ class Api:
 
     async def start(self, app: web.Application):
         settings = self.deployment.api
-        self.link = TritonLink(
-            self.grpc_target, settings.grpc_channels, settings.timeout_s, self.stats, self.api_key, self.streamed
-        )
+        self.link = TritonLink(self.grpc_target, settings.grpc_channels, settings.timeout_s, self.stats, self.api_key)
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
         yield
         await self.link.close()
@@ -73,8 +70,8 @@ class Api:
             self.tracing.shutdown()
 
     def coalescer(self, triton: str, model: ServedModel, outputs: tuple[str, ...], lane: str = "") -> Coalescer:
-        """The Coalescer of one Triton model (the model's, its query lane, or its streaming model with the class as
-        the request's lane) and outputs: queries and ingestion never share a call, nor wait for each other's."""
+        """The Coalescer of one Triton model (the model's or its query lane) and outputs, and `lane` (a query sent to
+        the model itself): queries and ingestion never share a call, nor wait for each other's."""
         key = (triton, outputs, lane)
         if key not in self._coalescers:
             settings = self.deployment.api
@@ -89,24 +86,16 @@ class Api:
         return self._coalescers[key]
 
     async def _call(self, model: ServedModel, inputs, outputs, parameters, priority_class: str, context) -> dict:
-        """Over the streaming model where there is one, retried once on the unary model when its stream or stub
-        failed it; else on the unary model. A query goes to the query lane while ingestion runs, else to the
-        model itself, named a query (work-conserving: queries alone get every instance)."""
-        unary, lane = model.triton, ""
+        """A query goes to the query lane while ingestion runs, else to the model itself, named a query
+        (work-conserving: queries alone get every instance); ingestion to the model."""
+        triton, lane = model.triton, ""
         if priority_class == "query" and model.query_lane:
             if self.board is None or self.board.ingesting():
-                unary = model.query_lane
+                triton = model.query_lane
             else:
                 lane = priority_class
         alone = context.budget_s is not None
-        if model.stream:
-            try:
-                return await self.coalescer(model.stream, model, outputs, priority_class).infer(
-                    inputs, parameters, context.deadline, alone
-                )
-            except NotReady:
-                self.stats.count_class(priority_class, "retried")
-        return await self.coalescer(unary, model, outputs, lane).infer(inputs, parameters, context.deadline, alone)
+        return await self.coalescer(triton, model, outputs, lane).infer(inputs, parameters, context.deadline, alone)
 
     async def infer(
         self, model: ServedModel, inputs: dict[str, list[bytes]], outputs: list[str], parameters: dict | None = None

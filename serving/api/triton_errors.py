@@ -1,9 +1,8 @@
-"""The four errors the API front words for its clients, from what tritonserver answered: a unary call's gRPC
-status (call_error), or a stream answer's message (stream_error: a stream's answers carry no status code).
+"""The four errors the API front words for its clients, from a call's gRPC status (call_error).
 
 BadInput: the texts were refused (INVALID_ARGUMENT); Overloaded: the model's queue is full (UNAVAILABLE "exceeds
-maximum queue size"); NotReady: nothing answers, the server is stopping, a Python stage is being restarted, or
-the stream that held the request ended; TimedOut: its time budget ran out.
+maximum queue size"); NotReady: nothing answers, the server is stopping, or a Python stage is being restarted;
+TimedOut: its time budget ran out (DEADLINE_EXCEEDED, or the stage's refusal of a request past its deadline).
 """
 
 from __future__ import annotations
@@ -12,9 +11,6 @@ import grpc
 
 from common.contract import BUDGET_EXPIRED
 from protocol.kserve_grpc import TRANSIENT_MESSAGES
-
-# The streaming stage's words for a batch it could not run (stages/stream_model.py): the server's fault.
-STAGE_FAILURES = ("the engine failed", "the stage failed")
 
 
 class TritonError(Exception):
@@ -39,6 +35,8 @@ class TimedOut(TritonError):
 
 def call_error(exc: grpc.aio.AioRpcError) -> TritonError:
     code, message = exc.code(), exc.details() or ""
+    if BUDGET_EXPIRED in message:
+        return TimedOut(message)
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return BadInput(message)
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -48,17 +46,3 @@ def call_error(exc: grpc.aio.AioRpcError) -> TritonError:
     if code == grpc.StatusCode.UNAVAILABLE or any(text in message for text in TRANSIENT_MESSAGES):
         return NotReady(message)
     return TritonError(f"{code.name}: {message}")
-
-
-def stream_error(message: str) -> TritonError:
-    """A stream answer's error message as the error a unary call would have raised: the stage's refusals of the
-    texts are BadInput, as their INVALID_ARG would have been."""
-    if BUDGET_EXPIRED in message:
-        return TimedOut(message)
-    if any(text in message for text in TRANSIENT_MESSAGES):
-        return NotReady(message)
-    if "exceeds maximum queue size" in message:
-        return Overloaded(message)
-    if message.startswith(STAGE_FAILURES):
-        return TritonError(message)
-    return BadInput(message)

@@ -5,9 +5,9 @@ round robin) keep one HTTP/2 connection from serializing every stream of a busy 
 texts than the model's max_batch_size, or more bytes than tokenizer.max_request_bytes, goes as several
 concurrent requests whose outputs are put back in order (a sparse model's padded to the widest part).
 
-A `<model>-stream` (decoupled) is called over the same channels' ModelStreamInfer streams (triton_stream.py), its
-time budget sent as the request's budget_us. Triton's answers become one of four errors the front words for its
-clients (triton_errors.py).
+A call with a time budget carries its deadline (parameter deadline_ns), so that a stage refuses it unrun once the
+budget is gone, if tritonserver has not dropped it from its queue already. Triton's answers become one of four
+errors the front words for its clients (triton_errors.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import grpc
 import numpy as np
 
-from common.contract import BUDGET_PARAMETER, DEADLINE_PARAMETER
+from common.contract import DEADLINE_PARAMETER
 from protocol.api_key import headers
 from protocol.kserve_grpc import (
     GRPC_CHANNEL_ARGS,
@@ -31,7 +31,6 @@ from protocol.kserve_grpc import (
 )
 from serving.api.call_stats import CallStats
 from serving.api.triton_errors import TimedOut, call_error
-from serving.api.triton_stream import TritonStreams
 
 
 def chunk_bounds(sizes: Sequence[int], max_texts: int, max_bytes: int) -> list[slice]:
@@ -57,10 +56,8 @@ class TritonLink:
         timeout_s: float,
         stats: CallStats | None = None,
         key: str | None = None,
-        streamed: frozenset[str] = frozenset(),
     ) -> None:
-        """streamed: the models called over streams (each a <model>-stream)."""
-        self.timeout_s, self.stats, self.streamed = timeout_s, stats, streamed
+        self.timeout_s, self.stats = timeout_s, stats
         self._key = tuple(headers(key, "grpc").items())  # Triton's inference group asks for the key too
         self._channels = [grpc.aio.insecure_channel(target, options=GRPC_CHANNEL_ARGS) for _ in range(channels)]
         self._calls = itertools.cycle(
@@ -69,7 +66,6 @@ class TritonLink:
                 for channel in self._channels
             ]
         )
-        self._streams = TritonStreams(self._channels, self._key) if streamed else None
 
     async def _call(
         self,
@@ -87,10 +83,6 @@ class TritonLink:
         if timeout_s is not None and timeout_s <= 0:
             raise TimedOut("its time budget ran out before the call")
         timeout = self.timeout_s if timeout_s is None else min(timeout_s, self.timeout_s)
-        if model in self.streamed:  # the stage refuses it unrun once its budget is gone
-            budget = {BUDGET_PARAMETER: int(timeout_s * 1e6)} if timeout_s is not None else {}
-            request = tensors_infer_message(model, inputs, outputs, request_id, {**(parameters or {}), **budget})
-            return await self._streams.call(request, timeout)
         if timeout_s is not None:  # past its gRPC deadline the stage refuses it unrun, if Triton has not dropped it
             parameters = {**(parameters or {}), DEADLINE_PARAMETER: time.monotonic_ns() + int(timeout_s * 1e9)}
         try:
@@ -135,6 +127,4 @@ class TritonLink:
         return join_outputs(list(parts))
 
     async def close(self) -> None:
-        if self._streams is not None:
-            self._streams.close()
         await asyncio.gather(*(channel.close() for channel in self._channels))

@@ -72,12 +72,10 @@ def check_repository(root: Path, settings, spec: ServingSpec) -> None:
         ]
     if settings.topology == "one_stage":
         lane = {"ensemble-query"} if settings.priority.enabled else set()
-        assert models == {"ensemble", *lane, *({"ensemble-stream"} if settings.streamed else set())}
+        assert models == {"ensemble", *lane}
         check_one_stage(root, settings, ensemble)
         if settings.priority.enabled:
             check_query_lane(root, settings, ensemble)
-        if settings.streamed:
-            check_stream(root, settings, ensemble)
         return
     check_two_stage(root, settings, spec)
     expected = ["tokenizer", "encoder"] + (["postprocess"] if spec.task == "classification" else [])
@@ -141,23 +139,6 @@ def check_query_lane(root: Path, settings, model: mc.ModelConfig) -> None:
     assert [group.count for group in lane.instance_group] == [settings.priority.query_instances]
     check_python_model(root, "ensemble-query", "pipeline_model")
     assert (root / "ensemble-query" / "1" / "tokenizer.json").is_file()
-
-
-def check_stream(root: Path, settings, model: mc.ModelConfig) -> None:
-    """The streaming model is the one-stage model, decoupled, with stream.instances and its merge limit; it warms
-    itself up (Triton sends a decoupled model no warm-up here)."""
-    stream = parse(root / "ensemble-stream" / "config.pbtxt")
-    assert stream.model_transaction_policy.decoupled and not stream.model_warmup
-    assert stream.parameters["stream_max_texts"].string_value == str(settings.stream.max_batch_texts)
-    assert stream.parameters["stream_senders"].string_value == str(settings.stream.senders)
-    assert stream.parameters["stream_tokenizer_threads"].string_value == str(settings.stream.tokenizer_threads)
-    assert stream.parameters["engine.spin_us"].string_value == str(settings.engine.options.get("spin_us", 0))
-    assert stream.dynamic_batching.max_queue_delay_microseconds == settings.stream.max_queue_delay_us
-    own = {key: value for key, value in stream.parameters.items() if not key.startswith(("stream_", "engine.spin"))}
-    assert own == {k: v for k, v in model.parameters.items() if k not in ("nice", "engine.spin_us", "gpu_turns")}
-    assert (stream.input, stream.output, stream.max_batch_size) == (model.input, model.output, model.max_batch_size)
-    assert [group.count for group in stream.instance_group] == [settings.stream.instances]
-    check_python_model(root, "ensemble-stream", "stream_model")
 
 
 def check_two_stage(root: Path, settings, spec: ServingSpec) -> None:

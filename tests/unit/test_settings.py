@@ -175,7 +175,7 @@ def test_several_models_are_served_under_their_names_and_one_as_ensemble(tmp_pat
         ("defaults.toml", 1 + 1),  # one stage on the CPU: the ensemble's one instance and its query lane's
         ("variants/bert-base-h200.toml", 8 + 1),  # one stage, 8 instances on GPU 0 and the lane's 1; no stream
         ("variants/bert-base-h200-two-stage.toml", 8 + 4),  # tokenizer 8, encoder 4 on GPU 0; no lane
-        ("variants/bert-base-h200x2.toml", (4 + 1 + 1) * 2),  # one stage: [encoder]'s 4, the lane's and the stream's
+        ("variants/bert-base-h200x2.toml", (4 + 1) * 2),  # one stage on each GPU: [encoder]'s 4 and the lane's
         ("variants/tensorrt-h200.toml", 8),  # TensorRT serves the encoder: only the tokenizer is Python
     ],
 )

@@ -147,8 +147,7 @@ def test_the_priority_ceiling(tmp_path):
     assert tenants.priority_problem(search, "ensemble-query") is None
     assert tenants.priority_problem(indexer, "ensemble") is None
     assert "not its query lane 'ensemble-query'" in tenants.priority_problem(indexer, "ensemble-query")
-    # the streaming model takes both classes: a query is a request naming lane = "query"
-    assert tenants.priority_problem(indexer, "ensemble-stream") is None
-    assert tenants.priority_problem(search, "ensemble-stream", "query") is None
-    assert 'no lane = "query"' in tenants.priority_problem(indexer, "ensemble-stream", "query")
+    # the model itself takes both classes: a query sent there is a request naming lane = "query"
+    assert tenants.priority_problem(search, "ensemble", "query") is None
+    assert 'no lane = "query"' in tenants.priority_problem(indexer, "ensemble", "query")
     assert 'code="403"' in tenants.prometheus() and 'tenant="indexer",front="grpc"' in tenants.prometheus()

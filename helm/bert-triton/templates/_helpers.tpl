@@ -56,7 +56,7 @@ write it (read over settings/defaults.toml): the chart has no defaults of its ow
 {{- if hasKey $raw "Error" }}
 {{- fail (printf "%s is not valid TOML: %s" $where $raw.Error) }}
 {{- end }}
-{{- $read := dict "model" (list "task" "name") "engine" (list "kind") "ensemble" (list "topology") "tokenizer" (list "instances") "encoder" (list "instances" "gpus" "warm_first") "postprocess" (list "instances") "stream" (list "enabled" "instances") }}
+{{- $read := dict "model" (list "task" "name") "engine" (list "kind") "ensemble" (list "topology") "tokenizer" (list "instances") "encoder" (list "instances" "gpus" "warm_first") "postprocess" (list "instances") }}
 {{- if $first }}
 {{- $_ := set $read "server" (list "http_port" "grpc_port" "metrics_port" "health_port" "exit_timeout_s" "unload_s_per_stub") }}
 {{- $_ := set $read "api" (list "port" "workers") }}
@@ -88,7 +88,7 @@ the stage decides, and the image without torch serves onnxruntime_cpu */}}
 {{- $gpus = $raw.encoder.gpus }}
 {{- end }}
 {{/* Python stubs as settings/deployment.py python_stubs counts them: Triton runs an instance group's count on each
-GPU it lists; one stage is [encoder]'s, [stream]'s (and its query lane's, counted by bert-triton.settings, whose
+GPU it lists; one stage is [encoder]'s (and its query lane's, counted by bert-triton.settings, whose
 [priority] is the first model's), two stages [tokenizer]'s, [encoder]'s (unless TensorRT serves it) and a classifier's
 [postprocess]. */}}
 {{- $topology := $raw.ensemble.topology }}
@@ -98,10 +98,6 @@ GPU it lists; one stage is [encoder]'s, [stream]'s (and its query lane's, counte
 {{- $encoder := mul (int $raw.encoder.instances) (max 1 (len $raw.encoder.gpus)) }}
 {{- $stubs := $encoder }}
 {{- $laneDevices := ternary (max 1 (len $raw.encoder.gpus)) 0 (eq $topology "one_stage") }}
-{{- $streamOn := toString $raw.stream.enabled }}{{/* settings.schema Settings.streamed: <model>-stream's stubs */}}
-{{- if and (eq $topology "one_stage") (or (eq $streamOn "true") (and (eq $streamOn "auto") (gt (len $raw.encoder.gpus) 0))) }}
-{{- $stubs = add $stubs (mul (int $raw.stream.instances) (max 1 (len $raw.encoder.gpus))) }}
-{{- end }}
 {{- if eq $topology "two_stage" }}
 {{- $stubs = int $raw.tokenizer.instances }}
 {{- if ne $kind "tensorrt" }}
