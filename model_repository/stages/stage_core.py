@@ -84,6 +84,8 @@ class Prepared:
     computed_tokens: int = 0
     rows: object = None
     collected: bool = False
+    chunk: list[HeldRequest] = dataclasses.field(default_factory=list)  # in turns: the chunk, late requests too
+    late: frozenset[int] = frozenset()  # in turns: ids of the chunk's requests refused as past their deadline
 
     def collect(self) -> object:
         """The engine's rows, waited for once (before the engine's buffers take a later batch)."""
@@ -139,24 +141,34 @@ class StageCore:
         return self.finish(prepared)
 
     def _in_turns(self, requests: list[HeldRequest], turns: GpuTurns) -> list[Answer]:
+        """Chunk after chunk; a request whose deadline passes while the chunks before it run is refused unrun."""
         turns.begin(requests)
         try:
             chunks = turns.chunks(requests)
             results: list[Answer] = []
-            prepared = self.prepare(chunks[0])
+            prepared = self._prepare_in_time(chunks[0])
             for following in [*chunks[1:], None]:
                 turns.before_launch()
                 try:
                     self.launch(prepared)
-                    upcoming = self.prepare(following) if following is not None else None
+                    upcoming = self._prepare_in_time(following) if following is not None else None
                     prepared.collect()
                 finally:
                     turns.after_collect()
-                results += self.finish(prepared)
+                answered = iter(self.finish(prepared))
+                late = f"{BUDGET_EXPIRED} while the batch before it ran"
+                results += [late if id(request) in prepared.late else next(answered) for request in prepared.chunk]
                 prepared = upcoming
             return results
         finally:
             turns.end()
+
+    def _prepare_in_time(self, chunk: list[HeldRequest]) -> Prepared:
+        """The chunk's requests tokenized, but for those whose deadline has passed (Prepared.late)."""
+        late = frozenset(id(request) for request in chunk if expired(request))
+        prepared = self.prepare([request for request in chunk if id(request) not in late])
+        prepared.chunk, prepared.late = chunk, late
+        return prepared
 
     def split(self, requests: list[HeldRequest]) -> tuple[list[int], list[int]]:
         """The indices of the plain path's requests, and of those answer_other takes (late chunks, multi-vector)."""

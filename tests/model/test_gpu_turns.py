@@ -110,3 +110,20 @@ def test_the_lane_marks_its_queries_and_a_dead_stubs_marks_are_forgotten(board_p
     assert reader.count(QUERYING, 0) == 1, "a dead process's mark stays until a slot is claimed"
     GpuBoard(board_path).claim(0)
     assert reader.count(QUERYING, 0) == 0
+
+
+def test_a_request_whose_deadline_passes_while_the_chunks_before_it_run_is_refused_unrun(core, board_path, sentences):
+    turns = GpuTurns(GpuBoard(board_path), 0, lane=False, chunk_texts=3, on_gpu=0, yield_s=0.5)
+    holder = hold_query(board_path, 0.3)  # the first chunk waits its turn behind a held query, the second after it
+    try:
+        soon = time.monotonic() + 0.15
+        requests = [request(sentences[:2]), request(sentences[2:3]), request(sentences[3:5]), request(sentences[5:6])]
+        requests[1].deadline = soon  # in the first chunk (2 + 1 texts), tokenized in time
+        requests[2].deadline = soon  # in the second, tokenized once the first has waited out the query
+        answers = core.answer(requests, turns)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert [isinstance(answer, str) for answer in answers] == [False, False, True, False]
+    assert "time budget ran out" in answers[2]
+    assert answers[3]["embedding"].shape[0] == 1
