@@ -229,7 +229,7 @@ def one_stage_config(settings: Settings, spec: ServingSpec, names: ServedNames) 
     nice = {"nice": settings.priority.ingestion_nice} if names.query_lane and settings.priority.ingestion_nice else {}
     parameters = {
         **_text_limits(settings, spec), **_engine_parameters(settings), **_sparse(settings), **nice,
-        **_gpu_turns(settings, names, "model"),
+        **_gpu_turns(settings, names),
     }  # fmt: skip
     config = _python_stage(
         names.model,
@@ -243,13 +243,14 @@ def one_stage_config(settings: Settings, spec: ServingSpec, names: ServedNames) 
     return config
 
 
-def _gpu_turns(settings: Settings, names: ServedNames, role: str) -> dict:
-    """Beside a query lane on GPUs, the stubs take turns on each GPU (stages/gpu_turns.py): `role` lane | model."""
+def _gpu_turns(settings: Settings, names: ServedNames) -> dict:
+    """Beside a query lane on GPUs, the stubs take turns on each GPU (stages/gpu_turns.py), as the model's side
+    (query_lane_config makes its copy the lane's)."""
     if not (names.query_lane and settings.encoder.gpus):
         return {}
     priority = settings.priority
     return {
-        "gpu_turns": role,
+        "gpu_turns": "model",
         "ingestion_chunk_texts": priority.ingestion_chunk_texts,
         "ingestion_on_gpu": priority.ingestion_on_gpu,
         "query_yield_ms": priority.query_yield_ms,
@@ -264,8 +265,8 @@ def query_lane_config(settings: Settings, spec: ServingSpec, names: ServedNames)
     config = one_stage_config(settings, spec, names)
     config.name = names.query_lane
     config.parameters.pop("nice", None)
-    for name, value in _gpu_turns(settings, names, "lane").items():
-        config.parameters[name].string_value = str(value)
+    if "gpu_turns" in config.parameters:  # the same turns, as the lane's side (stages/gpu_turns.py)
+        config.parameters["gpu_turns"].string_value = "lane"
     gpus = list(settings.encoder.gpus)
     kind = mc.ModelInstanceGroup.KIND_GPU if gpus else mc.ModelInstanceGroup.KIND_CPU
     del config.instance_group[:]

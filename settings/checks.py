@@ -131,9 +131,8 @@ def _check_priority(settings: Settings) -> None:
     for name in ("ingestion_chunk_texts", "ingestion_on_gpu"):
         if type(getattr(priority, name)) is not int or getattr(priority, name) < 0:
             raise SettingsError(f"priority.{name} must be an integer >= 0 (0: no bound)")
-    if isinstance(priority.query_yield_ms, bool) or not isinstance(priority.query_yield_ms, int | float):
-        raise SettingsError("priority.query_yield_ms must be a number of milliseconds >= 0")
-    if priority.query_yield_ms < 0:
+    yield_ms = priority.query_yield_ms
+    if isinstance(yield_ms, bool) or not isinstance(yield_ms, int | float) or yield_ms < 0:
         raise SettingsError("priority.query_yield_ms must be a number of milliseconds >= 0")
 
 

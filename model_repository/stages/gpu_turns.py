@@ -14,7 +14,6 @@ query's. So the stubs agree among themselves:
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 
@@ -24,9 +23,9 @@ from common.gpu_board import INGESTING, ON_GPU, QUERYING, GpuBoard
 POLL_S = 0.0001  # how often a waiting chunk looks at the board again
 
 
-def is_query(parameters_json: str) -> bool:
+def is_query(request) -> bool:
     """Whether a request's KServe parameters name it a query (lane = "query")."""
-    return parameters_json != "{}" and json.loads(parameters_json).get(LANE_PARAMETER) == "query"
+    return request.parameter_values.get(LANE_PARAMETER) == "query"
 
 
 class GpuTurns:
@@ -42,7 +41,7 @@ class GpuTurns:
         if self.lane:
             self.board.mark(QUERYING)
             return
-        self.ingesting = not all(is_query(request.parameters()) for request in requests)
+        self.ingesting = not all(is_query(request) for request in requests)
         if self.ingesting:
             self.board.mark(INGESTING)
             self.board.stamp()

@@ -11,6 +11,7 @@ Late chunks and a multi-vector model's sides run whole in `answer_other`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -46,6 +47,11 @@ class HeldRequest:
     def parameters(self) -> str:
         return self.parameters_json
 
+    @functools.cached_property
+    def parameter_values(self) -> dict:
+        """The KServe parameters, parsed once (its deadline, its lane)."""
+        return json.loads(self.parameters_json) if self.parameters_json != "{}" else {}
+
     def requested_output_names(self) -> tuple[str, ...]:
         return self.asked
 
@@ -63,10 +69,9 @@ def held(request, pairs: bool, get_input: Callable) -> HeldRequest:
         request.parameters(),
         tuple(request.requested_output_names()),
     )
-    if DEADLINE_PARAMETER in view.parameters_json:
-        deadline_ns = json.loads(view.parameters_json).get(DEADLINE_PARAMETER)
-        if isinstance(deadline_ns, int) and deadline_ns > 0:
-            view.deadline = deadline_ns / 1e9
+    deadline_ns = view.parameter_values.get(DEADLINE_PARAMETER)
+    if isinstance(deadline_ns, int) and deadline_ns > 0:
+        view.deadline = deadline_ns / 1e9
     return view
 
 
@@ -117,9 +122,9 @@ class StageCore:
     def answer(self, requests: list[HeldRequest], turns: GpuTurns | None = None) -> list[Answer]:
         """Each request's answer; with `turns` (gpu_turns.py) the plain path runs in chunks, each launched in its
         turn on the GPU, the next tokenized while this one computes."""
-        late = [index for index, request in enumerate(requests) if expired(request)]
+        late = {index for index, request in enumerate(requests) if expired(request)}
         if late:  # their budget ran out in Triton's queue: refused unrun
-            live = [index for index in range(len(requests)) if index not in set(late)]
+            live = [index for index in range(len(requests)) if index not in late]
             answers = [f"{BUDGET_EXPIRED} before the stage took it"] * len(requests)
             for index, result in zip(live, self.answer([requests[i] for i in live], turns), strict=True):
                 answers[index] = result
