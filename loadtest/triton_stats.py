@@ -25,6 +25,10 @@ METRIC_COUNTERS = (
     "nv_inference_compute_input_duration_us",
     "nv_inference_compute_infer_duration_us",
     "nv_inference_compute_output_duration_us",
+    # the stages' own (model_repository/stages/stage_metrics.py): the sequences the engine encoded, and the
+    # requests refused unrun past their deadline; Triton counts a refused request among its inferences
+    "bert_encoder_sequences_per_execute_sum",
+    "bert_requests_expired_total",
 )
 _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')

@@ -14,7 +14,8 @@ a batch holding ingestion runs in chunks, each in its turn on the GPU, the next 
 
 Custom metrics (stage_metrics.py, sent about once a second), with the two stages' names so that dashboards
 read either topology: bert_tokenizer_{requests,tokens}_total, bert_tokenizer_texts_per_execute,
-bert_encoder_sequences_per_execute, bert_encoder_{real,padded}_tokens_total.
+bert_encoder_sequences_per_execute, bert_encoder_{real,padded}_tokens_total; and bert_requests_expired_total, the
+requests refused unrun because their deadline had passed (what bench/priority_bench.py checks "none ran" with).
 """
 
 from __future__ import annotations
@@ -25,13 +26,21 @@ import os
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from common.contract import BUDGET_EXPIRED
 from common.gpu_board import GpuBoard
 
 from .gpu_turns import GpuTurns
 from .model_args import engine_from_args, instance_count, model_config
 from .parent_watch import exit_with_parent
 from .stage_core import Answer, StageCore, held
-from .stage_metrics import StageMetrics, encoder_counts, encoder_metrics, tokenizer_counts, tokenizer_metrics
+from .stage_metrics import (
+    StageMetrics,
+    deadline_metrics,
+    encoder_counts,
+    encoder_metrics,
+    tokenizer_counts,
+    tokenizer_metrics,
+)
 from .text_input import TextInput
 
 
@@ -58,7 +67,7 @@ class TritonPythonModel:
         gc.freeze()  # what loading made lives on: later collections need not scan it
 
     def _create_metrics(self, args: dict, max_batch_size: int) -> None:
-        declared = {**tokenizer_metrics(max_batch_size), **encoder_metrics(max_batch_size)}
+        declared = {**tokenizer_metrics(max_batch_size), **encoder_metrics(max_batch_size), **deadline_metrics()}
         self._metrics = StageMetrics(pb_utils, "pipeline", args, declared)
 
     def _record(self, requests: int, lengths: np.ndarray, computed_tokens: int | None = None) -> None:
@@ -71,7 +80,11 @@ class TritonPythonModel:
 
     def execute(self, requests: list) -> list:
         views = [held(request, self.core.pairs, pb_utils.get_input_tensor_by_name) for request in requests]
-        return [response(result) for result in self.core.answer(views, self.turns)]
+        results = self.core.answer(views, self.turns)
+        expired = sum(isinstance(result, str) and result.startswith(BUDGET_EXPIRED) for result in results)
+        if expired:
+            self._metrics.add({"bert_requests_expired_total": expired})
+        return [response(result) for result in results]
 
     def finalize(self) -> None:
         self._metrics.close()

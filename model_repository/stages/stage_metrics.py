@@ -154,6 +154,11 @@ def encoder_metrics(max_batch_size: int) -> dict[str, tuple[str, str, list[float
     }
 
 
+def deadline_metrics() -> dict[str, tuple[str, str, list[float] | None]]:
+    """What the one-stage model counts of the requests it refuses unrun, their deadline (deadline_ns) past."""
+    return {"bert_requests_expired_total": ("Requests refused unrun: their deadline had passed", "counter", None)}
+
+
 def tokenizer_counts(requests: int, lengths) -> dict[str, float]:
     """What one tokenizing execute() adds to tokenizer_metrics: its requests, and the tokens of its texts."""
     values = {"bert_tokenizer_requests_total": requests}

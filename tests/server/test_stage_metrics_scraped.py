@@ -5,7 +5,13 @@ from __future__ import annotations
 import re
 import time
 
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
 from client import TextClient
+from common.contract import BUDGET_EXPIRED, DEADLINE_PARAMETER, TEXT_INPUT
 from common.hf_tokenizer import load_tokenizer
 from model_repository.stages.stage_metrics import FLUSH_INTERVAL_S
 from tests.support import (
@@ -63,3 +69,29 @@ def test_stage_metrics_on_the_metrics_port(topology_server, exported, settings):
     bounds = re.findall(rf'^bert_encoder_sequences_per_execute_bucket{{.*le="([^"]+)".*model="{encoding}"', after, re.M)
     limit = settings.ensemble.max_batch_size if one_stage else settings.encoder.max_batch_size
     assert sorted(bounds, key=lambda b: float(b)) == [str(2**i) for i in range(limit.bit_length())] + ["+Inf"]
+
+
+def test_a_request_refused_past_its_deadline_is_counted_and_not_encoded(server):
+    """The one-stage model counts each request it refuses unrun, its deadline (deadline_ns) past: what
+    bench/priority_bench.py reads to tell "none ran" (Triton's own nv_inference_count counts it as an inference)."""
+    time.sleep(2 * FLUSH_INTERVAL_S)
+    before = scrape(server.host, server.ports.metrics)
+    text = grpcclient.InferInput(TEXT_INPUT, [1, 1], "BYTES")
+    text.set_data_from_numpy(np.array([[b"too late"]], dtype=np.object_))
+    with (
+        grpcclient.InferenceServerClient(server.grpc_url) as client,
+        pytest.raises(InferenceServerException, match=BUDGET_EXPIRED),
+    ):
+        client.infer("ensemble", [text], parameters={DEADLINE_PARAMETER: time.monotonic_ns() - 1_000_000})
+
+    def delta(name: str) -> float:
+        return samples(after, name, model="ensemble") - samples(before, name, model="ensemble")
+
+    deadline = time.monotonic() + 5 * FLUSH_INTERVAL_S
+    while True:
+        after = scrape(server.host, server.ports.metrics)
+        if delta("bert_requests_expired_total") or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert delta("bert_requests_expired_total") == 1
+    assert delta("bert_encoder_sequences_per_execute_sum") == 0 and delta("bert_tokenizer_requests_total") == 0
