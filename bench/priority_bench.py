@@ -3,6 +3,7 @@ queue for every request, in one call; then requests whose time budget cannot be 
 
     python -m bench.priority_bench --out DIR [--settings FILE] [--query-rate 50] [--ingestion-clients 16]
         [--ingestion-texts 64] [--duration 20] [--deadline-requests 1000] [--budget-ms 5]
+        [--modes lanes one_queue tenants] [--noisy-rate 100] [--noisy-limit 20]
 
 For each mode (`lanes`: priority.enabled, queries to the model's query lane; `one_queue`: priority.enabled =
 false) it generates the repository from the export `make export` left (model_repository.generate), starts the
@@ -18,7 +19,11 @@ Then, in `lanes` with ingestion running: --deadline-requests requests of one tex
 + 5 ms, and none may be run: the sequences the stage encoded (its bert_encoder_sequences_per_execute_sum,
 canary off) equal the rows answered 200, and the stage counts each one it refused (bert_requests_expired_total).
 Triton's nv_inference_count is kept beside them: it counts a request the stage refused as an inference.
-Requests with room to spare (a 30 s budget) are served. Writes DIR/priority_bench.json.
+Requests with room to spare (a 30 s budget) are served.
+`tenants` (not run unless named): a keys file of two tenants, `calm` unlimited and `noisy` limited to
+--noisy-limit requests/s. The calm tenant's one-text queries at --query-rate alone, then beside the noisy tenant
+sending one-text requests at --noisy-rate in an open loop: issue 45's bar, the calm p99 beside <= 2x alone + 5 ms.
+Writes DIR/priority_bench.json.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import asyncio
 import itertools
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import aiohttp
@@ -42,7 +48,17 @@ from serving.launcher.harness import Launcher
 from serving.launcher.triton_command import Ports
 from settings import load_settings
 
-MODES = {"lanes": ["priority.enabled=true"], "one_queue": ["priority.enabled=false"]}
+MODES = {"lanes": ["priority.enabled=true"], "one_queue": ["priority.enabled=false"], "tenants": []}
+KEYS = """
+[[tenant]]
+name = "calm"
+keys = ["calm-1"]
+
+[[tenant]]
+name = "noisy"
+keys = ["noisy-1"]
+requests_per_s = {limit}
+"""
 # The canary's own inferences would blur the count of rows Triton ran.
 QUIET = ["server.canary_interval_s=0"]
 
@@ -75,17 +91,19 @@ class Driver:
             await response.read()
             return response.status, time.perf_counter() - started
 
-    async def queries(self, rate: float, duration_s: float) -> dict:
-        """One text a request at `rate`/s for duration_s, each sent on time: p50/p99 of those answered 200."""
+    async def queries(self, rate: float, duration_s: float, extra: dict | None = None) -> dict:
+        """One text a request at `rate`/s for duration_s, each sent on time: p50/p99 of those answered 200, and
+        how many got each status."""
         start, sent = time.perf_counter(), []
         for index in range(int(rate * duration_s)):
             await asyncio.sleep(max(0.0, start + index / rate - time.perf_counter()))
-            sent.append(asyncio.create_task(self.post(1)))
+            sent.append(asyncio.create_task(self.post(1, extra)))
         answers = await asyncio.gather(*sent)
         latencies = [seconds * 1000 for status, seconds in answers if status == 200]
         return {
             "requests": len(answers),
             "failed": len(answers) - len(latencies),
+            "statuses": {str(code): count for code, count in sorted(Counter(s for s, _ in answers).items())},
             "p50_ms": round(percentile(latencies, 0.5), 2),
             "p99_ms": round(percentile(latencies, 0.99), 2),
         }
@@ -133,6 +151,28 @@ async def contention(driver: Driver, args) -> dict:
         "query_p99_ratio": round(queries["p99_ms"] / alone["p99_ms"], 2),
         "ingestion_ratio": round(beside["texts_per_s"] / max(ingestion_alone["texts_per_s"], 1e-9), 3),
     }
+
+
+async def tenants(driver: Driver, args) -> dict:
+    """The calm tenant's queries alone, then beside the noisy tenant over its rate."""
+    calm, noisy = bearer("calm-1"), bearer("noisy-1")
+    alone = await driver.queries(args.query_rate, args.duration, calm)
+    beside, flood = await asyncio.gather(
+        driver.queries(args.query_rate, args.duration, calm),
+        driver.queries(args.noisy_rate, args.duration, noisy),
+    )
+    return {
+        "calm_alone": alone,
+        "calm_beside_noisy": beside,
+        "noisy": flood,
+        "noisy_rate": args.noisy_rate,
+        "noisy_limit": args.noisy_limit,
+        "calm_p99_bound_ms": round(2 * alone["p99_ms"] + 5, 2),
+    }
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
 
 
 async def deadlines(driver: Driver, args, metrics_url: str, model: str) -> dict:
@@ -183,11 +223,13 @@ async def deadlines(driver: Driver, args, metrics_url: str, model: str) -> dict:
     }
 
 
-async def drive_mode(ports: Ports, model: str, texts: list[str], args, with_deadlines: bool) -> dict:
+async def drive_mode(ports: Ports, model: str, texts: list[str], args, mode: str) -> dict:
     url = f"http://127.0.0.1:{ports.api}/v1/embeddings"
     async with Driver(url, model, texts) as driver:
+        if mode == "tenants":
+            return await tenants(driver, args)
         figures = await contention(driver, args)
-        if with_deadlines:
+        if mode == "lanes" and args.deadline_requests > 0:
             metrics = f"http://127.0.0.1:{ports.metrics}/metrics"
             figures["deadlines"] = await deadlines(driver, args, metrics, "ensemble")
         return figures
@@ -204,24 +246,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of each phase")
     parser.add_argument("--deadline-requests", type=int, default=1000)
     parser.add_argument("--budget-ms", type=float, default=5.0)
-    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=["lanes", "one_queue"])
+    parser.add_argument("--noisy-rate", type=float, default=100.0, help="tenants: the noisy tenant's requests/s")
+    parser.add_argument("--noisy-limit", type=float, default=20.0, help="tenants: its requests_per_s in the keys file")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     texts = load_text()
     record = {**header("priority_bench", argv), "modes": {}}
     for mode in args.modes:
-        overrides = MODES[mode]
-        settings = load_settings(args.settings, [*args.set, *overrides, *QUIET])
         work = Path(tempfile.mkdtemp(prefix=f"priority-{mode}-"))
+        overrides = MODES[mode]
+        if mode == "tenants":
+            keys = work / "keys.toml"
+            keys.write_text(KEYS.format(limit=args.noisy_limit))
+            overrides = [f'tenants.keys_file="{keys}"']
+        settings = load_settings(args.settings, [*args.set, *overrides, *QUIET])
         repository = generate(settings, settings.export_dir, work / "repository")
         ports = Ports.free()
         launcher = Launcher(
             args.settings or settings.path, repository, ports, work / "launcher.log", [*args.set, *overrides, *QUIET]
         )
-        with_deadlines = mode == "lanes" and args.deadline_requests > 0
         try:
             launcher.start()
-            figures = asyncio.run(drive_mode(ports, settings.model.name, texts, args, with_deadlines))
+            figures = asyncio.run(drive_mode(ports, settings.model.name, texts, args, mode))
         finally:
             launcher.terminate()
             launcher.process.wait(timeout=120)
@@ -234,6 +281,11 @@ def main(argv: list[str] | None = None) -> int:
             "query_p99_beside_ingestion_le_2x_alone_plus_5ms": beside_ms <= 2 * alone_ms + 5,
             "ingestion_ge_0.9x_alone": lanes["ingestion_ratio"] >= 0.9,
         }
+    calm = record["modes"].get("tenants")
+    if calm is not None:
+        record.setdefault("bars", {})["calm_p99_beside_noisy_le_2x_alone_plus_5ms"] = (
+            calm["calm_beside_noisy"]["p99_ms"] <= calm["calm_p99_bound_ms"]
+        )
     write(args.out, record)
     return 0
 
