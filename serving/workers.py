@@ -13,6 +13,7 @@ import time
 from serving.processes import die_with_parent
 
 log = logging.getLogger("launcher")
+STOP_WAIT_S = 5  # how long a worker has to finish what it holds after SIGTERM, before SIGKILL
 
 
 class FrontWorkers:
@@ -72,7 +73,7 @@ class FrontWorkers:
                     process.terminate()
             for process in self.processes:
                 try:
-                    process.wait(timeout=5)
+                    process.wait(timeout=STOP_WAIT_S)
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()

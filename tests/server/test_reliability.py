@@ -30,6 +30,7 @@ from serving.launcher.harness import Launcher
 from serving.launcher.procfs import child_processes
 from serving.launcher.shm import SHM_REGION_PREFIX
 from serving.launcher.triton_command import Ports
+from serving.workers import STOP_WAIT_S
 from settings import Deployment, load_settings
 from tests.support import scrape
 
@@ -86,11 +87,11 @@ def test_faults_under_load_lose_nothing_and_recover(settings, exported, tmp_path
         event = phases[f"kill-{model}"]["event"]
         assert event["stubs_after"] == event["stubs_expected"], event
     restart = phases["restart"]["event"]
-    # The drain's design bound: quiet (at most exit_timeout_s); the API front's workers, which get 5 s to finish
-    # what they hold (serving/workers.py); Triton's own exit timeout, which grows by unload_s_per_stub for every
-    # stub (the query lane added one); 2 s more for the launcher's own teardown. CI saw 12.7 s.
+    # The drain's design bound: quiet (at most exit_timeout_s); the API front's workers' time to finish what they
+    # hold (STOP_WAIT_S); Triton's own exit timeout, which grows by unload_s_per_stub for every stub (the query
+    # lane added one); 2 s more for the launcher's own teardown. CI saw 12.7 s.
     deployment = Deployment.of(settings)
-    bound_s = deployment.server.exit_timeout_s + 5 + deployment.triton_exit_timeout_s + 2
+    bound_s = deployment.server.exit_timeout_s + STOP_WAIT_S + deployment.triton_exit_timeout_s + 2
     assert restart["launcher_exit_code"] == 0 and restart["drain_s"] < bound_s, (restart, bound_s)
     assert result["final_stop"]["launcher_exit_code"] == 0, result["final_stop"]  # after a stub was replaced
 
