@@ -16,7 +16,7 @@ Texts: loadtest/corpus.txt, as documents and (truncated and expanded as queries 
 called once per batch of --batch texts: sentence_transformers (encode_document / encode_query, batch_size the
 batch), the torch engine (fp16 on CUDA, fp32 on the CPU) and onnxruntime_cpu (CPU only), the engines loaded as the
 stage loads them and called through the stage's path: MultiVectorSides.encode (tokenizing), forward_packed, and
-multi_vector_output.answer (the request's padded token_vectors and token_counts).
+multi_vector_output.vector_outputs (the request's packed fp16 token_vectors and token_counts).
 Per side, runner and batch size: texts/s and kept token vectors/s (tokens_per_s) of the best of --passes timed
 passes after an untimed one; the peak memory during them over what the runner held once loaded; the ratio to
 sentence_transformers; and, on the first batch, the agreement with it (the same token count per text, the lowest
@@ -48,12 +48,13 @@ from bench.reference_run import (
     runner_names,
     split,
 )
-from common.contract import PROJECTION_FILE, TOKEN_COUNTS, TOKEN_VECTORS
+from common.contract import PROJECTION_FILE
 from common.multi_vector import MultiVectorSpec
 from export.__main__ import export
 from loadtest.corpus import load_text
 from model_repository.stages.engines.models import presets
-from model_repository.stages.multi_vector_output import MultiVectorSides, answer
+from model_repository.stages.multi_vector_output import MultiVectorSides, vector_outputs
+from protocol.multi_vector import token_vectors
 from settings import ROOT, load_settings
 
 SETTINGS = ROOT / "settings" / "variants" / "colbert.toml"
@@ -96,13 +97,9 @@ def served_call(engine, sides: MultiVectorSides, side: str):
 
     def call(texts: list[str]) -> dict[str, np.ndarray]:
         ids, lengths, attended, kept = sides.encode(texts, side)
-        return answer(engine.forward_packed(ids, lengths, attended), lengths, kept)
+        return vector_outputs(engine.forward_packed(ids, lengths, attended), lengths, kept, ())
 
     return call
-
-
-def per_text(out: dict[str, np.ndarray]) -> list[np.ndarray]:
-    return [vectors[:count] for vectors, (count,) in zip(out[TOKEN_VECTORS], out[TOKEN_COUNTS], strict=True)]
 
 
 def agreement(served: list[np.ndarray], reference: list, precision: str) -> dict:
@@ -165,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                     if name == "sentence_transformers":
                         reference[side, size] = first
                     else:
-                        row["agreement"] = agreement(per_text(first), reference[side, size], precision)
+                        row["agreement"] = agreement(token_vectors(first, np.float32), reference[side, size], precision)
                     kept_tokens = record["sides"][side]["kept_tokens"]
                     row["tokens_per_s"] = row["texts_per_s"] * kept_tokens / len(texts)
                     record["sides"][side]["batches"][str(size)][name] = row

@@ -316,8 +316,8 @@ class TextClient(_Base):
         return entries(self.infer(texts, parameters=sparse_parameters(top_k, threshold)))
 
     def embed_multi_vector(self, texts: Sequence[str], input_type: str = "document") -> list[np.ndarray]:
-        """A multi-vector (ColBERT) model's kept token vectors per text [its tokens, dim], the texts encoded as
-        queries or documents (input_type)."""
+        """A multi-vector (ColBERT) model's kept token vectors per text [its tokens, dim], fp16 views of the packed
+        answer, the texts encoded as queries or documents (input_type)."""
         return token_vectors(self.infer(texts, parameters=side_parameters(input_type)))
 
     def close(self) -> None:

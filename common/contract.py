@@ -34,13 +34,16 @@ SPARSE_HEAD_FILE = "sparse_head.npz"  # the MLM decoder (weight [vocab, hidden],
 # An inference-free sparse model's query side (SparseStaticEmbedding): a weight per vocabulary id, float32 [vocab];
 # a query (input_type query) is each of its distinct tokens' weight, without the engine.
 STATIC_QUERY_FILE = "query_weights.npy"
-# A multi-vector model's outputs, per request: each text's kept token vectors (fp32, unit length, [texts, that
-# request's most kept tokens, dim], zeros past a text's own) and how many it kept (int32 [texts, 1]).
+# A multi-vector model's outputs, per request: its texts' kept token vectors, unit length, packed one text after
+# another ([the request's kept tokens, dim]: no padding), and how many each text kept (int32 [texts, 1]). The
+# vectors come as fp16 (token_vectors) or, to a request that asks for token_vectors_fp32 and not token_vectors,
+# as fp32; a request that names no outputs gets fp16.
 TOKEN_VECTORS = "token_vectors"
+TOKEN_VECTORS_FP32 = "token_vectors_fp32"
 TOKEN_COUNTS = "token_counts"
 # Late chunking of an embedder: the KServe request parameter chunk_tokens (int >= 1) has each text read in one pass
-# and its own tokens mean-pooled per chunk of that many; the answer per request: chunk_embeddings fp32 [texts, its
-# most chunks, dim], zeros past a text's own, and chunk_counts int32 [texts, 1].
+# and its own tokens mean-pooled per chunk of that many; the answer per request: chunk_embeddings fp32 packed
+# [the request's chunks, dim] and chunk_counts int32 [texts, 1].
 CHUNK_TOKENS = "chunk_tokens"
 CHUNK_EMBEDDINGS = "chunk_embeddings"
 CHUNK_COUNTS = "chunk_counts"
@@ -49,8 +52,8 @@ CHUNK_COUNTS = "chunk_counts"
 PROMPT_PARAMETER = "prompt_name"
 INPUT_TYPE = "input_type"  # KServe request parameter of a multi-vector model: query | document (the default)
 INPUT_TYPES = ("query", "document")
-# Outputs padded to the widest part when several requests' outputs are joined, and with what.
-PADDED_OUTPUTS = {**SPARSE_PADDING, TOKEN_VECTORS: 0.0, CHUNK_EMBEDDINGS: 0.0}
+# Packed outputs (rows of all of a request's texts, one text after another) and the output of each text's count.
+PACKED_OUTPUTS = {TOKEN_VECTORS: TOKEN_COUNTS, TOKEN_VECTORS_FP32: TOKEN_COUNTS, CHUNK_EMBEDDINGS: CHUNK_COUNTS}
 PROJECTION_FILE = "projection.npz"  # a multi-vector model's Dense (weight [dim, hidden], bias if any), for torch
 # A hybrid model's (BGE-M3's) graph outputs, from one pass: each text's dense vector, each token's lexical weight
 # (ReLU of the sparse head) and each token's colbert vector; the stage answers the dense, sparse and multi-vector

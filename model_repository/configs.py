@@ -21,6 +21,7 @@ from common.contract import (
     TEXT_INPUT,
     TOKEN_COUNTS,
     TOKEN_VECTORS,
+    TOKEN_VECTORS_FP32,
     TOKENS_OUTPUT,
     ServingSpec,
 )
@@ -180,10 +181,10 @@ def _task_outputs(spec: ServingSpec) -> list[mc.ModelOutput]:
     ]
     if spec.task == "sparse":
         return [*sparse, tokens]
-    multi_vector = [  # per request [texts, its most kept tokens, dim], zero-padded
-        _tensor(
-            mc.ModelOutput, TOKEN_VECTORS, mc.TYPE_FP32, [-1, (spec.hybrid or {}).get("colbert_size", spec.output_size)]
-        ),
+    dim = (spec.hybrid or {}).get("colbert_size", spec.output_size)
+    multi_vector = [  # per request [its kept tokens, dim], packed: the batch axis counts tokens, not texts
+        _tensor(mc.ModelOutput, TOKEN_VECTORS, mc.TYPE_FP16, [dim]),
+        _tensor(mc.ModelOutput, TOKEN_VECTORS_FP32, mc.TYPE_FP32, [dim]),
         _tensor(mc.ModelOutput, TOKEN_COUNTS, mc.TYPE_INT32, [1]),
     ]
     if spec.task == "multi_vector":
@@ -205,7 +206,7 @@ def _late_chunk_outputs(spec: ServingSpec) -> list[mc.ModelOutput]:
     if spec.task != "embedding":
         return []
     return [
-        _tensor(mc.ModelOutput, CHUNK_EMBEDDINGS, mc.TYPE_FP32, [-1, spec.output_size]),
+        _tensor(mc.ModelOutput, CHUNK_EMBEDDINGS, mc.TYPE_FP32, [spec.output_size]),  # packed [chunks, dim]
         _tensor(mc.ModelOutput, CHUNK_COUNTS, mc.TYPE_INT32, [1]),
     ]
 

@@ -3,16 +3,16 @@ outputs the request asks for (KServe's requested outputs; all when it names none
 made for the whole batch (engines/hybrid.py HybridRows), which copies out only what some request of the batch asks
 for. The lexical weights are cut as a sparse model's are
 (sparse_output.py: sparse_top_k, sparse_threshold), the colbert vectors answered as a multi-vector model's, every
-token's but the first (multi_vector_output.answer)."""
+token's but the first (multi_vector_output.vector_outputs), which the engine copied out alone."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from common.contract import SPARSE_INDICES, SPARSE_VALUES, TOKEN_COUNTS, TOKEN_VECTORS
+from common.contract import SPARSE_INDICES, SPARSE_VALUES, TOKEN_COUNTS, TOKEN_VECTORS, TOKEN_VECTORS_FP32
 
 from .engines.hybrid import HybridRows, lexical_rows, wanted_outputs
-from .multi_vector_output import answer
+from .multi_vector_output import vector_outputs
 from .sparse_output import SparseOutput
 
 
@@ -37,8 +37,8 @@ class HybridOutput:
         if asked & {SPARSE_INDICES, SPARSE_VALUES}:
             lexical = lexical_rows(ids[tokens], own, rows.weights[tokens], self.unused)
             out |= self.sparse.tensors(lexical, request.parameters())
-        if asked & {TOKEN_VECTORS, TOKEN_COUNTS}:
-            kept = np.ones(tokens.stop - tokens.start, dtype=bool)
-            kept[np.cumsum(own) - own] = False  # each text's first token ([CLS], <s>) keeps no vector
-            out |= answer(rows.vectors[tokens], own, kept)
+        if asked & {TOKEN_VECTORS, TOKEN_VECTORS_FP32, TOKEN_COUNTS}:
+            # Each text's first token ([CLS], <s>) has no colbert vector: the batch's rows lack one per text before.
+            vectors = rows.vectors[tokens.start - texts.start : tokens.stop - texts.stop]
+            out |= vector_outputs(vectors, own - 1, asked)
         return out

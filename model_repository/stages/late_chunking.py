@@ -2,8 +2,8 @@
 pass, its own tokens (the special tokens around them left out) cut into consecutive chunks of N, the last one
 shorter, and each chunk's token states mean-pooled (engine.pool_spans: the torch engine; normalized as the model's
 embeddings are). A chunk sees the whole text, which a text cut before encoding does not (Jina AI's "late
-chunking"). The answer per request: chunk_embeddings [texts, its most chunks, dim], chunk_counts [texts, 1]; a text
-of no token of its own has no chunk."""
+chunking"). The answer per request: chunk_embeddings packed [its chunks, dim], chunk_counts [texts, 1]; a text of
+no token of its own has no chunk."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 
 from common.contract import CHUNK_COUNTS, CHUNK_EMBEDDINGS, CHUNK_TOKENS
 
-from .multi_vector_output import answer
+from .multi_vector_output import packed
 
 
 def chunk_size(parameters: str) -> int | None:
@@ -47,4 +47,5 @@ class LateChunking:
 
     def tensors(self, pooled: np.ndarray, per_text: np.ndarray, kept: np.ndarray) -> dict[str, np.ndarray]:
         """One request's outputs from its texts' spans' pooled rows."""
-        return answer(pooled, per_text, kept, (CHUNK_EMBEDDINGS, CHUNK_COUNTS))
+        rows, counts = packed(pooled, per_text, kept)
+        return {CHUNK_EMBEDDINGS: rows, CHUNK_COUNTS: counts}

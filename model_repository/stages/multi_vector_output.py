@@ -7,8 +7,9 @@ expansion token ([MASK]), which the encoder attends to only where the checkpoint
 a document is its prompt and text truncated to the document length, its skiplist tokens (punctuation) keeping no
 vector. The token ids are MultiVectorEncoder.preprocess's (tests/model/test_multi_vector.py).
 
-The engine gives every token's vector (packed); the answer is per request token_vectors fp32 [texts, the most kept
-tokens of a text, dim], zeros past a text's own, and token_counts int32 [texts, 1].
+The engine gives the kept tokens' vectors, packed, in its own precision (fp16 off a GPU); the answer is per request its
+texts' share of them as they came, fp16 (token_vectors) or fp32 (token_vectors_fp32), and token_counts int32
+[texts, 1].
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.contract import INPUT_TYPE, INPUT_TYPES, TOKEN_COUNTS, TOKEN_VECTORS
+from common.contract import INPUT_TYPE, INPUT_TYPES, TOKEN_COUNTS, TOKEN_VECTORS, TOKEN_VECTORS_FP32
 from common.multi_vector import MultiVectorSpec
 
 from .text_tokenizer import TextTokenizer
@@ -68,14 +69,22 @@ def expand(ids: np.ndarray, lengths: np.ndarray, spec: MultiVectorSpec) -> tuple
     return out, grown, attended
 
 
-def answer(vectors: np.ndarray, lengths: np.ndarray, kept: np.ndarray,
-           names: tuple[str, str] = (TOKEN_VECTORS, TOKEN_COUNTS)) -> dict[str, np.ndarray]:  # fmt: skip
-    """One request's outputs from its texts' packed vectors [rows, dim] (a token's each, or a late chunk's), each
-    text's rows and which of them are kept: the kept ones per text, zero-padded, and their counts (`names`)."""
-    text_of = np.repeat(np.arange(len(lengths)), lengths)[kept]
-    counts = np.bincount(text_of, minlength=len(lengths))
-    width = max(1, int(counts.max()) if len(counts) else 0)
-    out = np.zeros((len(lengths), width, vectors.shape[1]), dtype=np.float32)
-    places = np.arange(len(text_of)) - (np.cumsum(counts) - counts)[text_of]
-    out[text_of, places] = vectors[kept]
-    return {names[0]: out, names[1]: counts.astype(np.int32).reshape(-1, 1)}
+def packed(rows: np.ndarray, lengths: np.ndarray, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A request's texts' rows [rows, dim] (a token's each, or a late chunk's), each text's rows and which of them
+    are kept: the kept rows, packed as they came (no copy when all are), and each text's count (int32 [texts, 1])."""
+    counts = kept_counts(lengths, kept)
+    return (rows if kept.all() else rows[kept]), counts.astype(np.int32).reshape(-1, 1)
+
+
+def kept_counts(lengths: np.ndarray, kept: np.ndarray) -> np.ndarray:
+    """How many of each text's rows are kept."""
+    return np.bincount(np.repeat(np.arange(len(lengths)), lengths)[kept], minlength=len(lengths))
+
+
+def vector_outputs(rows: np.ndarray, counts: np.ndarray, asked) -> dict[str, np.ndarray]:
+    """One request's token-vector outputs (common/contract.py) from its texts' kept vectors, packed, and each text's
+    count: fp16 unless it asks for fp32 alone."""
+    counts = counts.astype(np.int32).reshape(-1, 1)
+    if TOKEN_VECTORS_FP32 in asked and TOKEN_VECTORS not in asked:
+        return {TOKEN_VECTORS_FP32: rows.astype(np.float32, copy=False), TOKEN_COUNTS: counts}
+    return {TOKEN_VECTORS: rows.astype(np.float16, copy=False), TOKEN_COUNTS: counts}

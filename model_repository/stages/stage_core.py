@@ -25,7 +25,7 @@ from .engines import Engine
 from .gpu_turns import GpuTurns
 from .hybrid_output import HybridOutput
 from .late_chunking import LateChunking, chunk_size
-from .multi_vector_output import MultiVectorSides, answer
+from .multi_vector_output import MultiVectorSides, kept_counts, vector_outputs
 from .prompts import Prompts
 from .sparse_output import SparseOutput
 from .static_query import StaticQuery, asks_for_queries
@@ -317,15 +317,16 @@ class StageCore:
         for side, indices in by_side.items():
             texts, parts = self.text.gather([requests[index].text for index in indices])
             ids, lengths, attended, kept = self.sides.encode(texts, side)
-            vectors = self.engine.forward_packed(ids, lengths, attended) if len(lengths) else None
+            vectors = self.engine.forward_packed(ids, lengths, attended, kept=kept) if len(lengths) else None
             self.record(len(indices), lengths, self.engine.computed_tokens)
-            token_ends = np.concatenate([[0], np.cumsum(lengths)])
+            counts = kept_counts(lengths, kept)
+            row_ends = np.concatenate([[0], np.cumsum(counts)])
             for index, part in zip(indices, parts, strict=True):
                 if isinstance(part, str):
                     answers[index] = part
                     continue
-                tokens = slice(token_ends[part.start], token_ends[part.stop])
-                outputs = answer(vectors[tokens], lengths[part], kept[tokens])
+                rows = vectors[row_ends[part.start] : row_ends[part.stop]]
+                outputs = vector_outputs(rows, counts[part], requests[index].asked)
                 outputs[TOKENS_OUTPUT] = lengths[part].astype(np.int32).reshape(-1, 1)
                 answers[index] = outputs
         return answers

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from protocol.kserve_grpc import split_outputs
 from serving.api.request_context import CURRENT, RequestContext
 from serving.api.triton_errors import BadInput, TimedOut
 from serving.api.triton_link import TritonLink
@@ -185,12 +186,9 @@ class Coalescer:
                     raise
                 await asyncio.gather(*(self._alone(request) for request in batch))
                 return
-            start = 0
-            for request in batch:
+            for request, part in zip(batch, split_outputs(outputs, [request.rows for request in batch]), strict=True):
                 if not request.answer.done():
-                    end = start + request.rows
-                    request.answer.set_result({name: rows[start:end] for name, rows in outputs.items()})
-                start += request.rows
+                    request.answer.set_result(part)
         except Exception as exc:  # the call failed for every request in it
             for request in batch:
                 if not request.answer.done():

@@ -12,6 +12,7 @@ Requests name no model: each goes to the first served hybrid model."""
 
 from __future__ import annotations
 
+import numpy as np
 from aiohttp import web
 
 from common.contract import SPARSE_INDICES, SPARSE_VALUES, TEXT_INPUT, TOKEN_COUNTS, TOKEN_VECTORS
@@ -53,7 +54,7 @@ async def encode(request: web.Request) -> web.Response:
             for indices, values in entries(got)
         ]
     if "return_colbert_vecs" in asked:
-        result["colbert_vecs"] = [vectors.tolist() for vectors in token_vectors(got)]
+        result["colbert_vecs"] = [vectors.tolist() for vectors in token_vectors(got, np.float32)]
     return answer(result)
 
 

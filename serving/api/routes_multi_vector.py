@@ -52,10 +52,10 @@ def refuse_over_side(model: ServedModel, texts: list[bytes], side: str, param: s
 
 
 async def side_vectors(request: web.Request, model: ServedModel, texts: list[bytes], side: str) -> list[np.ndarray]:
-    """Each text's kept token vectors as the side encodes them."""
+    """Each text's kept token vectors as the side encodes them: fp16 over gRPC, fp32 here (one copy)."""
     parameters = {INPUT_TYPE: side} if side == "query" else None  # the stage's default: documents coalesce
     outputs = await api_of(request).infer(model, {TEXT_INPUT: texts}, [TOKEN_VECTORS, TOKEN_COUNTS], parameters)
-    return token_vectors(outputs)
+    return token_vectors(outputs, np.float32)
 
 
 async def embed_all(request: web.Request) -> web.Response:

@@ -37,16 +37,14 @@ async def embed_chunks(request: web.Request, model, texts: list[str], chunking: 
     outputs = await api_of(request).infer(
         model, {TEXT_INPUT: encoded}, [CHUNK_EMBEDDINGS, CHUNK_COUNTS], {CHUNK_TOKENS: size}
     )
-    rows, places = [], []
-    for window, chunks, count in zip(windows, outputs[CHUNK_EMBEDDINGS], outputs[CHUNK_COUNTS].reshape(-1).tolist(),
-                                     strict=True):  # fmt: skip
-        spans = chunk_spans(model, encoded[len(rows)].decode("utf-8"), size)
+    places = []  # the chunks come packed, window after window (common/contract.py)
+    for window, text, count in zip(windows, encoded, outputs[CHUNK_COUNTS].reshape(-1).tolist(), strict=True):
+        spans = chunk_spans(model, text.decode("utf-8"), size)
         if len(spans) != count:  # the stage and the front cut the same tokens: never, unless they disagree
             raise ApiError(500, f"the model answered {count} chunks of a window the front cuts into {len(spans)}")
-        rows.append(chunks[:count])
         places += [(window.text_index, [window.start + start, window.start + end]) for start, end in spans]
     renormalize = normalize and not model.spec.normalize
-    return shaped(np.concatenate(rows), dimensions, renormalize), outputs[TOKENS_OUTPUT], places
+    return shaped(outputs[CHUNK_EMBEDDINGS], dimensions, renormalize), outputs[TOKENS_OUTPUT], places
 
 
 async def embeddings(request: web.Request) -> web.Response:

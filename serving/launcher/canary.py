@@ -36,7 +36,7 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2
 
-from common.contract import CHUNK_COUNTS, CHUNK_EMBEDDINGS, TOKENS_OUTPUT
+from common.contract import CHUNK_COUNTS, CHUNK_EMBEDDINGS, PACKED_OUTPUTS, TOKEN_VECTORS_FP32, TOKENS_OUTPUT
 from protocol.api_key import api_key, headers
 from protocol.kserve_grpc import (
     GRPC_CHANNEL_ARGS,
@@ -50,9 +50,16 @@ from settings import Deployment
 log = logging.getLogger("launcher")
 
 CANARY_TEXT = "Liveness canary."
-# Outputs a request must ask for by a parameter (an embedder's late chunks): not part of every answer.
-ON_REQUEST_OUTPUTS = (CHUNK_EMBEDDINGS, CHUNK_COUNTS)
-DTYPES = {mc.TYPE_FP32: np.float32, mc.TYPE_INT32: np.int32, mc.TYPE_INT64: np.int64, mc.TYPE_STRING: object}
+# Outputs a request must ask for, by a parameter (an embedder's late chunks) or alone (fp32 token vectors): not part
+# of every answer.
+ON_REQUEST_OUTPUTS = (CHUNK_EMBEDDINGS, CHUNK_COUNTS, TOKEN_VECTORS_FP32)
+DTYPES = {
+    mc.TYPE_FP16: np.float16,
+    mc.TYPE_FP32: np.float32,
+    mc.TYPE_INT32: np.int32,
+    mc.TYPE_INT64: np.int64,
+    mc.TYPE_STRING: object,
+}
 # A statistics call is answered by tritonserver's frontend alone, at once; it waits at most this (or the timeout).
 STATISTICS_TIMEOUT_S = 2.0
 
@@ -87,16 +94,18 @@ def probe_for(config: mc.ModelConfig) -> Probe:
 
 def answer_problem(answer: dict[str, np.ndarray], outputs: dict[str, tuple[type, tuple[int, ...]]]) -> str | None:
     """What is wrong with a canary's answer (None: nothing): an output missing, of another type or shape than
-    the config's for one text, a value that is not finite, or a token count below one."""
+    the config's for one text (a packed output: as many rows as its count says), a value that is not finite, or a
+    token count below one."""
     for name, (dtype, dims) in outputs.items():
         if name not in answer:
             return f"no {name} output"
         array = answer[name]
         if array.dtype != np.dtype(dtype):
             return f"{name} is {array.dtype}, not {np.dtype(dtype)}"
-        shape_ok = len(array.shape) == len(dims) + 1 and array.shape[0] == 1
+        rows = int(answer[PACKED_OUTPUTS[name]].sum()) if PACKED_OUTPUTS.get(name) in answer else 1
+        shape_ok = len(array.shape) == len(dims) + 1 and array.shape[0] == rows
         if not shape_ok or any(want not in (-1, got) for want, got in zip(dims, array.shape[1:], strict=True)):
-            return f"{name} has shape {list(array.shape)}, not [1, {', '.join(map(str, dims))}]"
+            return f"{name} has shape {list(array.shape)}, not [{rows}, {', '.join(map(str, dims))}]"
         if array.dtype.kind == "f" and not np.isfinite(array).all():
             return f"{name} has values that are not finite"
         if name == TOKENS_OUTPUT and array.min(initial=1) < 1:

@@ -30,16 +30,19 @@ def stage(export_dir: Path, kind: str = "onnxruntime_cpu") -> StageCore:
     return StageCore(TextInput(export_dir, params, 1), engine, params, export_dir, lambda *_: None)
 
 
-def request(texts: list[str], parameters: dict | None = None, queries: list[str] | None = None) -> HeldRequest:
+def request(texts: list[str], parameters: dict | None = None, queries: list[str] | None = None,
+            asked: tuple[str, ...] = ()) -> HeldRequest:  # fmt: skip
     def column(rows: list[str]) -> np.ndarray:
         return np.array([[row.encode()] for row in rows], dtype=np.object_)
 
-    return HeldRequest(column(texts), None if queries is None else column(queries), json.dumps(parameters or {}))
+    return HeldRequest(column(texts), None if queries is None else column(queries), json.dumps(parameters or {}), asked)
 
 
-def served(core: StageCore, texts: list[str], parameters: dict | None = None, queries: list[str] | None = None):
-    """One request's outputs by name; AssertionError with the stage's message if it refused the request."""
-    (answer,) = core.answer([request(texts, parameters, queries)])
+def served(core: StageCore, texts: list[str], parameters: dict | None = None, queries: list[str] | None = None,
+           asked: tuple[str, ...] = ()):  # fmt: skip
+    """One request's outputs by name (`asked`: the outputs it names; none: all); AssertionError with the stage's
+    message if it refused the request."""
+    (answer,) = core.answer([request(texts, parameters, queries, asked)])
     assert not isinstance(answer, str), answer
     return answer
 

@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from common.contract import TOKEN_COUNTS, TOKEN_VECTORS_FP32
 from export.__main__ import export
 from export.onnx_export import VALIDATION_SENTENCES
+from protocol.multi_vector import token_vectors
 from tests.checkpoints import make_checkpoint, make_multi_vector_checkpoint, make_sparse_checkpoint
 from tests.model.stage_run import refusal, served, stage
 
@@ -117,8 +119,8 @@ def test_a_multi_vector_encoders_per_token_modules_serve_in_either_order(tmp_pat
     core, texts = served_core(tmp_path, folder, "multi_vector"), sentences()
     model = sentence_transformers.MultiVectorEncoder(str(folder), device="cpu")
     for side, encode in (("query", model.encode_query), ("document", model.encode_document)):
-        answer = served(core, texts, {"input_type": side})
-        for vectors, count, want in zip(answer["token_vectors"], answer["token_counts"], encode(texts), strict=True):
-            got, want = vectors[: int(count[0])], np.asarray(want)
+        answer = served(core, texts, {"input_type": side}, asked=(TOKEN_VECTORS_FP32, TOKEN_COUNTS))
+        for got, want in zip(token_vectors(answer), encode(texts), strict=True):
+            want = np.asarray(want)
             assert got.shape == want.shape
             np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)

@@ -64,7 +64,7 @@ def check_repository(root: Path, settings, spec: ServingSpec) -> None:
     if spec.task == "classification":
         assert [o.name for o in ensemble.output] == ["label", "scores", "tokens"]
     else:  # the one-stage model also answers an embedder's late chunks (stages/late_chunking.py)
-        late = [("chunk_embeddings", mc.TYPE_FP32, [-1, spec.output_size]), ("chunk_counts", mc.TYPE_INT32, [1])]
+        late = [("chunk_embeddings", mc.TYPE_FP32, [spec.output_size]), ("chunk_counts", mc.TYPE_INT32, [1])]
         assert [(o.name, o.data_type, list(o.dims)) for o in ensemble.output] == [
             ("embedding", mc.TYPE_FP32, [spec.output_size]),
             tokens,

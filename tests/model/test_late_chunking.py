@@ -14,6 +14,7 @@ import transformers
 from common.contract import CHUNK_COUNTS, CHUNK_EMBEDDINGS, TOKENS_OUTPUT
 from export.__main__ import export
 from model_repository.stages.late_chunking import LateChunking
+from protocol.kserve_grpc import per_text
 from tests.checkpoints import MAX_TOKENS, make_checkpoint
 from tests.model.test_stage_execute import Backend, Request, assert_served_as_alone, loaded_stage
 
@@ -76,13 +77,12 @@ def test_the_torch_stage_answers_the_chunks_of_one_pass(modernbert, settings, mo
     assert_served_as_alone(together[:2], alone, 1e-5)
     late = together[0].outputs
     assert set(late) == {CHUNK_EMBEDDINGS, CHUNK_COUNTS, TOKENS_OUTPUT}
-    for text, chunks, count in zip(
-        [LONG_TEXT, "A short one."], late[CHUNK_EMBEDDINGS], late[CHUNK_COUNTS], strict=True
-    ):
+    assert len(late[CHUNK_EMBEDDINGS]) == late[CHUNK_COUNTS].sum(), "packed: each text's chunks, no padding"
+    texts = [LONG_TEXT, "A short one."]
+    for text, chunks in zip(texts, per_text(late[CHUNK_EMBEDDINGS], late[CHUNK_COUNTS]), strict=True):
         expected = reference_chunks(checkpoint, text, SIZE)
-        assert count[0] == len(expected)
-        assert ((chunks[: count[0]] * expected).sum(1)).min() >= 0.9999
-        assert not chunks[count[0] :].any(), "zeros past a text's own chunks"
+        assert len(chunks) == len(expected)
+        assert ((chunks * expected).sum(1)).min() >= 0.9999
     stage.finalize()
 
 

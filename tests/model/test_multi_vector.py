@@ -18,12 +18,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.contract import PROJECTION_FILE, TOKEN_COUNTS, TOKEN_VECTORS
+from common.contract import PROJECTION_FILE, TOKEN_COUNTS, TOKEN_VECTORS, TOKEN_VECTORS_FP32
 from export.__main__ import export
 from export.onnx_export import VALIDATION_SENTENCES
 from model_repository.stages.engines import load_engine
 from model_repository.stages.engines.torch_layout import key_lengths
-from model_repository.stages.multi_vector_output import MultiVectorSides, answer
+from model_repository.stages.multi_vector_output import MultiVectorSides, kept_counts, vector_outputs
+from protocol.multi_vector import token_vectors
 from tests.checkpoints import MAX_TOKENS, make_multi_vector_checkpoint
 from tests.model.test_engine_torch import ROOT, _variant_id, gpu
 from tests.model.test_stage_execute import Request, assert_served_as_alone, loaded_stage
@@ -33,6 +34,7 @@ sentence_transformers = pytest.importorskip("sentence_transformers")
 LONG_TEXT = " ".join(["Triton batches requests, from many clients, into one call to the model."] * 20)
 QUERIES = ["What is Triton?", "how do ColBERT's [MASK]s work", "une question en français ?", LONG_TEXT]
 # (strategy, attend): PyLate's classic expansion, and one attended with long queries kept whole.
+ASK_FP32 = (TOKEN_VECTORS_FP32, TOKEN_COUNTS)
 VARIANTS = {"fixed-unattended": ("fixed", False), "min-attended": ("min", True)}
 
 
@@ -95,8 +97,37 @@ def _served(multi_vector: MultiVector, texts: list[str], side: str, engine=None)
     sides = MultiVectorSides(multi_vector.export_dir / "tokenizer.json", _spec(multi_vector))
     engine = engine or load_engine("onnxruntime_cpu", multi_vector.export_dir, options={"threads": "2"})
     ids, lengths, attended, kept = sides.encode(texts, side)
-    out = answer(engine.forward_packed(ids, lengths, attended), lengths, kept)
-    return [vectors[:count] for vectors, (count,) in zip(out[TOKEN_VECTORS], out[TOKEN_COUNTS], strict=True)]
+    rows = engine.forward_packed(ids, lengths, attended, kept=kept)
+    return token_vectors(vector_outputs(rows, kept_counts(lengths, kept), ASK_FP32))
+
+
+@pytest.mark.parametrize("kind", ["onnxruntime_cpu", "torch"])
+def test_a_request_gets_its_kept_vectors_packed_in_fp16_unless_it_asks_for_fp32_alone(multi_vector, kind):
+    """The engine gives the kept tokens' rows only (a document's punctuation keeps none); the answer is them with no
+    padding, text after text, 2 bytes a number by default (a request naming no output asks for all, and gets
+    fp16), 4 when it asks for token_vectors_fp32 and not token_vectors; the fp16 ones are the fp32 ones rounded."""
+    sides = MultiVectorSides(multi_vector.export_dir / "tokenizer.json", _spec(multi_vector))
+    engine = load_engine(kind, multi_vector.export_dir, options={"threads": "2"})
+    ids, lengths, attended, kept = sides.encode(documents()[:5], "document")
+    assert not kept.all(), "the documents have punctuation, which keeps no vector"
+    every = engine.forward_packed(ids, lengths, attended)
+    rows = engine.forward_packed(ids, lengths, attended, kept=kept)
+    np.testing.assert_array_equal(rows, every[kept])
+    counts = kept_counts(lengths, kept)
+    wide = vector_outputs(rows, counts, ASK_FP32)
+    dim = rows.shape[1]
+    assert set(wide) == {TOKEN_VECTORS_FP32, TOKEN_COUNTS}
+    assert wide[TOKEN_VECTORS_FP32].dtype == np.float32 and wide[TOKEN_VECTORS_FP32].shape == (kept.sum(), dim)
+    for asked in [(), (*ASK_FP32, TOKEN_VECTORS), (TOKEN_VECTORS, TOKEN_COUNTS)]:
+        narrow = vector_outputs(rows, counts, asked)
+        assert set(narrow) == {TOKEN_VECTORS, TOKEN_COUNTS}
+        assert narrow[TOKEN_VECTORS].nbytes == int(kept.sum()) * dim * 2
+        np.testing.assert_array_equal(narrow[TOKEN_VECTORS], rows.astype(np.float16))
+        np.testing.assert_array_equal(narrow[TOKEN_COUNTS], wide[TOKEN_COUNTS])
+    starts = np.cumsum(lengths) - lengths
+    expected = [every[start : start + n][kept[start : start + n]] for start, n in zip(starts, lengths, strict=True)]
+    for got, want in zip(token_vectors(wide), expected, strict=True):
+        np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("side", ["query", "document"])
@@ -146,7 +177,9 @@ def test_one_execute_runs_each_sides_requests_together_as_each_alone(multi_vecto
         Request(documents()[3:5], {"input_type": "document"}),
     ]
     runs, forward = [], stage.engine.forward_packed
-    monkeypatch.setattr(stage.engine, "forward_packed", lambda *args: runs.append(len(args[1])) or forward(*args))
+    monkeypatch.setattr(
+        stage.engine, "forward_packed", lambda *args, **kw: runs.append(len(args[1])) or forward(*args, **kw)
+    )
     together = stage.execute(requests)
     assert runs == [4, 5], "one engine call per side: 4 queries, then 5 documents"
     alone = [stage.execute([request])[0] for request in requests]
@@ -244,9 +277,14 @@ def test_the_triton_kernels_key_lengths_under_the_interpreter(multi_vector, tmp_
 @pytest.mark.parametrize("variant", [{}, {"cuda_graphs": "false"}, {"attention": "sdpa"}], ids=_variant_id)
 def test_gpu_fp16_token_vectors(multi_vector, side, variant):
     """fp16 on the GPU (the Triton kernel with its key lengths in a graph's static buffer, or eager, or the grid
-    SDPA), twice (a graph's capture, then its replay): onnxruntime_cpu's vectors at cosine >= 0.999."""
+    SDPA), twice (a graph's capture, then its replay): onnxruntime_cpu's vectors at cosine >= 0.999. The rows leave
+    the GPU as fp16: 2 bytes a number, the kept tokens' only."""
     texts = QUERIES if side == "query" else documents()
     expected = _served(multi_vector, texts, side)
     engine = load_engine("torch", multi_vector.export_dir, "cuda", {"precision": "fp16", **variant})
     for _ in range(2):
         assert _cosines(_served(multi_vector, texts, side, engine), expected) >= 0.999
+    sides = MultiVectorSides(multi_vector.export_dir / "tokenizer.json", _spec(multi_vector))
+    ids, lengths, attended, kept = sides.encode(texts, side)
+    rows = engine.forward_packed(ids, lengths, attended, kept=kept)
+    assert rows.dtype == np.float16 and rows.nbytes == int(kept.sum()) * rows.shape[1] * 2

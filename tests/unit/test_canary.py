@@ -11,7 +11,16 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2
 
-from common.contract import CHUNK_COUNTS, CHUNK_EMBEDDINGS, QUERY_INPUT, SCORE_OUTPUT, TEXT_INPUT, TOKENS_OUTPUT
+from common.contract import (
+    CHUNK_COUNTS,
+    CHUNK_EMBEDDINGS,
+    QUERY_INPUT,
+    SCORE_OUTPUT,
+    TEXT_INPUT,
+    TOKEN_COUNTS,
+    TOKEN_VECTORS,
+    TOKENS_OUTPUT,
+)
 from serving.launcher.canary import CANARY_TEXT, Canary, Hang, Probe, answer_problem, grpc_target, probe_for
 
 EMBEDDER = {"embedding": (np.float32, (384,)), TOKENS_OUTPUT: (np.int32, (1,))}
@@ -29,6 +38,14 @@ def test_the_answer_its_task_promises_passes():
     sparse = {"sparse_indices": (np.int32, (-1,)), "sparse_values": (np.float32, (-1,))}
     answer = {"sparse_indices": np.array([[3, 7]], np.int32), "sparse_values": np.array([[0.5, 1.0]], np.float32)}
     assert answer_problem(answer, sparse) is None  # -1: any width
+
+
+def test_a_packed_output_has_as_many_rows_as_its_count_says():
+    multi_vector = {TOKEN_VECTORS: (np.float16, (8,)), TOKEN_COUNTS: (np.int32, (1,))}
+    counts = np.array([[3]], np.int32)
+    assert answer_problem({TOKEN_VECTORS: np.ones((3, 8), np.float16), TOKEN_COUNTS: counts}, multi_vector) is None
+    short = answer_problem({TOKEN_VECTORS: np.ones((2, 8), np.float16), TOKEN_COUNTS: counts}, multi_vector)
+    assert short == f"{TOKEN_VECTORS} has shape [2, 8], not [3, 8]"
 
 
 @pytest.mark.parametrize(
@@ -70,7 +87,7 @@ def test_a_probe_sends_every_input_and_asks_for_the_outputs_every_answer_has():
         {
             "embedding": (mc.TYPE_FP32, [384]),
             TOKENS_OUTPUT: (mc.TYPE_INT32, [1]),
-            CHUNK_EMBEDDINGS: (mc.TYPE_FP32, [-1, 384]),
+            CHUNK_EMBEDDINGS: (mc.TYPE_FP32, [384]),
             CHUNK_COUNTS: (mc.TYPE_INT32, [1]),
         },
     )

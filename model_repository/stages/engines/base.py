@@ -19,7 +19,9 @@ class Engine(ABC):
     type beside its id (int32 [total tokens]: 0 query, 1 text); it returns one float32 row per sequence: the
     pooled (and, per the spec, normalized) embedding, or the logits; for a sparse model a list of one
     sparse.SparseRow per sequence (its non-zero vocabulary entries); for a hybrid model hybrid.HybridRows, of
-    which only the `wanted` outputs (HYBRID_GRAPH_OUTPUTS' names; None: all) are copied out. How the batch is laid
+    which only the `wanted` outputs (HYBRID_GRAPH_OUTPUTS' names; None: all) are copied out. A multi-vector model
+    takes each token's attention flag as `types` and gives one row per token that `kept` marks (bool [total
+    tokens]; None: every token), packed in token order: only those rows leave the device. How the batch is laid
     out for the model (padded chunks, packed tokens) is the engine's own business.
     """
 
@@ -35,7 +37,7 @@ class Engine(ABC):
 
     @abstractmethod
     def forward_packed(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None,
-                       wanted: frozenset[str] | None = None): ...  # fmt: skip
+                       wanted: frozenset[str] | None = None, kept: np.ndarray | None = None): ...  # fmt: skip
 
     def submit(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None,
                wanted: frozenset[str] | None = None) -> Callable[[], object]:  # fmt: skip

@@ -13,7 +13,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from common.contract import HYBRID_GRAPH_OUTPUTS, SPARSE_INDICES, SPARSE_VALUES, TOKEN_COUNTS, TOKEN_VECTORS
+from common.contract import (
+    HYBRID_GRAPH_OUTPUTS,
+    SPARSE_INDICES,
+    SPARSE_VALUES,
+    TOKEN_COUNTS,
+    TOKEN_VECTORS,
+    TOKEN_VECTORS_FP32,
+)
 
 from .sparse import SparseRow, split_rows
 
@@ -21,7 +28,7 @@ from .sparse import SparseRow, split_rows
 ANSWERS = dict(
     zip(
         HYBRID_GRAPH_OUTPUTS,
-        (("embedding",), (SPARSE_INDICES, SPARSE_VALUES), (TOKEN_VECTORS, TOKEN_COUNTS)),
+        (("embedding",), (SPARSE_INDICES, SPARSE_VALUES), (TOKEN_VECTORS, TOKEN_VECTORS_FP32, TOKEN_COUNTS)),
         strict=True,
     )
 )
@@ -29,12 +36,20 @@ ANSWERS = dict(
 
 @dataclass(frozen=True)
 class HybridRows:
-    """The engine's outputs of a batch; one not wanted is None (a colbert vector is 4 KB of fp32 a token for
-    BGE-M3: no copy of them when no request asks for them)."""
+    """The engine's outputs of a batch; one not wanted is None (a colbert vector is 2 KB of fp16 a token for
+    BGE-M3 on a GPU: no copy of them when no request asks for them)."""
 
     dense: np.ndarray | None  # fp32 [texts, hidden], unit length
     weights: np.ndarray | None  # fp32 [tokens]: each token's ReLU'd lexical weight
-    vectors: np.ndarray | None  # fp32 [tokens, colbert dim], unit length (each text's first token's too)
+    vectors: np.ndarray | None  # fp16 (GPU) or fp32 [tokens - texts, colbert dim]: every token's but each text's
+    # first ([CLS], <s>), which BGE-M3's colbert output leaves out, unit length
+
+
+def colbert_tokens(lengths: np.ndarray) -> np.ndarray:
+    """The tokens that get a colbert vector (bool [tokens]): all but each text's first."""
+    kept = np.ones(int(lengths.sum()), dtype=bool)
+    kept[np.cumsum(lengths) - lengths] = False
+    return kept
 
 
 def wanted_outputs(asked: Iterable[str]) -> frozenset[str]:

@@ -21,7 +21,7 @@ from common.contract import HYBRID_GRAPH_OUTPUTS, TOKEN_TYPES
 from common.padding import pad_packed, plan_chunks
 
 from .base import Engine
-from .hybrid import HybridRows
+from .hybrid import HybridRows, colbert_tokens
 from .sparse import NumpySparseHead
 
 
@@ -42,9 +42,10 @@ class OnnxRuntimeCpuEngine(Engine):
         self.head = NumpySparseHead(self.model_dir, spec.activation) if spec.task == "sparse" else None
 
     def forward_packed(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None,
-                       wanted: frozenset[str] | None = None):  # fmt: skip
+                       wanted: frozenset[str] | None = None, kept: np.ndarray | None = None):  # fmt: skip
         if self.spec.task == "multi_vector":
-            return self._token_vectors(ids, lengths, types)
+            vectors = self._token_vectors(ids, lengths, types)
+            return vectors if kept is None else vectors[kept]
         if self.spec.task == "hybrid":
             return self._hybrid(ids, lengths, HYBRID_GRAPH_OUTPUTS if wanted is None else wanted)
         out = [None] * len(lengths) if self.head else np.empty((len(lengths), self.spec.output_size), np.float32)
@@ -76,6 +77,8 @@ class OnnxRuntimeCpuEngine(Engine):
             for whole, result, per_token in zip(out, results, (False, True, True), strict=True):
                 if whole is not None:
                     whole[places if per_token else chunk] = result[real] if per_token else result
+        if out[2] is not None:
+            out[2] = out[2][colbert_tokens(lengths)]
         return HybridRows(*out)
 
     @staticmethod

@@ -7,9 +7,10 @@ All sequences of a batch are concatenated into one token stream described by `cu
 FlashAttention varlen layout); every GEMM runs on that stream, attention runs per sequence on the packed
 layout, and pooling respects each sequence's own length. A sparse model's rows (task sparse: torch_sparse.py)
 are pooled over the vocabulary on the device, and only their non-zero entries are copied out. A multi-vector model
-(task multi_vector) pools nothing: every token's row goes through the projection (PROJECTION_FILE) and, fp32
-[tokens, dim], out; its batches carry each sequence's key length (a query's unattended [MASK] expansion gets a row
-but is a key to none: torch_attention.py), which FlashAttention's varlen kernels cannot take. A hybrid model (task
+(task multi_vector) pools nothing: every token's row goes through the projection (PROJECTION_FILE) and, fp16 on a
+GPU (fp32 on the CPU) [tokens, dim], out; its batches carry each sequence's key length (a query's unattended
+[MASK] expansion gets a row but is a key to none: torch_attention.py), which FlashAttention's varlen kernels cannot
+take. A hybrid model (task
 hybrid, BGE-M3: torch_hybrid.py) gives each sequence's dense vector and every token's weight and vector. On CUDA each
 (token bucket, sequence bucket) shape is captured once as a CUDA graph that reads its ids from a static device
 buffer; batches are padded to the bucket with tail tokens that belong to no sequence (their rows never meet a
@@ -62,9 +63,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common.contract import HYBRID_GRAPH_OUTPUTS, PROJECTION_FILE, ServingSpec
+from common.contract import HYBRID_GRAPH_OUTPUTS, PROJECTION_FILE, TOKEN_VECTORS, ServingSpec
 
 from .base import Engine
+from .hybrid import colbert_tokens
 from .models import architecture
 from .torch_hybrid import HybridHead, HybridHost, host_rows
 from .torch_kernels import HAVE_TRITON, KernelCheck
@@ -123,6 +125,9 @@ class TorchEngine(KernelCheck, Engine):
             precision = "fp32"
         self.precision = precision
         self.dtype = torch.float32 if self.gemm_bf16 else DTYPES[precision]
+        # Token vectors leave a GPU that computes in 16 bits as fp16 (half the bytes of fp32, no precision lost
+        # that the encoder kept); the CPU's, fp32.
+        self.vector_dtype = torch.float16 if self.is_cuda and self.dtype != torch.float32 else torch.float32
         if not self.is_cuda and "threads" in opt:
             torch.set_num_threads(int(opt["threads"]))
         self.cpu_tokens_per_call = int(opt.get("cpu_tokens_per_call", 1024))
@@ -169,9 +174,11 @@ class TorchEngine(KernelCheck, Engine):
             width = 0 if self.sparse else self.output_size
             rows = self.max_graph_tokens if self.multi_vector else self.max_batch  # a row per token, or per sequence
             # Two sets of pinned buffers: a batch is packed and launched (submit) while the last one still runs.
-            self._slots = [HostSlot(cap, rows, width) for _ in range(2)]
+            out_dtype = self.vector_dtype if self.multi_vector else torch.float32
+            self._slots = [HostSlot(cap, rows, width, out_dtype) for _ in range(2)]
             self._next_slot = 0
-            self._hybrid_host = HybridHost(self.output_size, self.hybrid_head.colbert_size) if self.hybrid else None
+            self._hybrid_host = (HybridHost(self.output_size, self.hybrid_head.colbert_size, self.vector_dtype)
+                                 if self.hybrid else None)  # fmt: skip
             if self.ops.kernels == "triton" or self.ops.attention == "triton":
                 self._self_check()
         log.info(
@@ -237,19 +244,23 @@ class TorchEngine(KernelCheck, Engine):
     def _head(self, batch: PackedBatch):
         """What the task answers of a packed batch: pooled rows, logits, token vectors or a hybrid model's three."""
         if self.hybrid_head is not None:
-            return self.hybrid_head(self.model.hidden_states(batch), batch, self.ops)
+            dense, weights, vectors = self.hybrid_head(self.model.hidden_states(batch), batch, self.ops)
+            return dense, weights, vectors.to(self.vector_dtype)
         if self.projection is None:
             return self.model.forward(batch)
         weight, bias, normalize = self.projection
         vectors = F.linear(self.model.hidden_states(batch).float(), weight, bias)
-        return F.normalize(vectors, p=2.0, dim=-1) if normalize else vectors
+        return (F.normalize(vectors, p=2.0, dim=-1) if normalize else vectors).to(self.vector_dtype)
 
     def forward_packed(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None,
-                       wanted: frozenset[str] | None = None):  # fmt: skip
+                       wanted: frozenset[str] | None = None, kept: np.ndarray | None = None):  # fmt: skip
         """types: a pair model's token types; a multi-vector model's `attended` (1: the token is a key to its
         sequence; 0 only for a suffix, a query's unattended expansion). wanted: a hybrid model's outputs to copy out
-        (None: all; the graph computes all three either way)."""
+        (None: all; the graph computes all three either way). kept: a multi-vector model's tokens whose rows come
+        back (a hybrid model's colbert vectors: every token's but each text's first)."""
         wanted = HYBRID_GRAPH_OUTPUTS if wanted is None else wanted
+        if self.hybrid:
+            kept = colbert_tokens(lengths)
         if self.model.pair_types:
             ids = ids | (types.astype(np.int32) << TYPE_SHIFT)
         n = len(lengths)
@@ -262,19 +273,22 @@ class TorchEngine(KernelCheck, Engine):
         tokens = len(ids)
         self.computed_tokens = tokens
         if not self.is_cuda:
-            return self._forward_cpu(ids, lengths, tokens, keys, wanted)
-        return self._forward_cuda(ids, lengths, tokens, max_len, keys, wanted)
+            return self._forward_cpu(ids, lengths, tokens, keys, wanted, kept)
+        return self._forward_cuda(ids, lengths, tokens, max_len, keys, wanted, kept)
 
-    def _rows(self, out, wanted):
-        """The CPU batch's rows: fp32 [n, output_size], a sparse model's SparseRows or a hybrid model's HybridRows."""
+    def _rows(self, out, wanted, kept):
+        """The CPU batch's rows: fp32 [n, output_size] (a multi-vector model's kept tokens'), a sparse model's
+        SparseRows or a hybrid model's HybridRows."""
         if self.hybrid:
-            return host_rows(out, wanted)
+            return host_rows(out, wanted, kept)
+        if self.multi_vector and kept is not None:
+            return out.numpy()[kept]
         return nonzero_rows(out) if self.sparse else out.numpy().astype(np.float32, copy=True)
 
     @torch.inference_mode()
-    def _forward_cpu(self, ids, lens, tokens, keys, wanted):
+    def _forward_cpu(self, ids, lens, tokens, keys, wanted, kept):
         if tokens <= self.cpu_tokens_per_call:
-            return self._rows(self._encode_eager(ids, lens, int(lens.max()), keys), wanted)
+            return self._rows(self._encode_eager(ids, lens, int(lens.max()), keys), wanted, kept)
         out = torch.empty((tokens if self.multi_vector else len(lens), self.output_size), dtype=torch.float32)
         if self.hybrid:  # per sequence, per token, per token
             out = (out, torch.empty(tokens), torch.empty((tokens, self.hybrid_head.colbert_size)))
@@ -288,7 +302,7 @@ class TorchEngine(KernelCheck, Engine):
                     whole[torch.from_numpy(index)] = part
             else:
                 out[torch.from_numpy(places if self.multi_vector else rows)] = result
-        return self._rows(out, wanted)
+        return self._rows(out, wanted, kept)
 
     def _encode_eager(self, ids: np.ndarray, lens: np.ndarray, max_len: int, keys=None) -> torch.Tensor:
         """One packed batch on its exact shape, without a graph (the CPU path; the kernels' self-check)."""
@@ -339,7 +353,7 @@ class TorchEngine(KernelCheck, Engine):
             self._launch_only = False
 
     @torch.inference_mode()
-    def _forward_cuda(self, ids, lens, tokens, max_len, keys, wanted):
+    def _forward_cuda(self, ids, lens, tokens, max_len, keys, wanted, kept):
         n = len(lens)
         graph = self.use_graphs and n <= self.max_batch and tokens <= self.max_graph_tokens
         if graph:
@@ -351,13 +365,16 @@ class TorchEngine(KernelCheck, Engine):
             t_b, n_b = tokens, n
         self.computed_tokens = t_b  # a graph bucket computes its tail tokens too
         size = layout_size(t_b, n_b, self.tile_block, self.multi_vector)
-        rows = tokens if self.multi_vector else n
+        rows = n if not self.multi_vector else tokens if kept is None else int(kept.sum())
         slot = self._slots[self._next_slot]
         self._next_slot ^= 1
         slot.wait(self.spin_s)  # its last batch's copies are done before its buffers are written again
         host_in, host_out = slot.sized(size, rows)
         pack(host_in.numpy()[:size], ids, lens, t_b, n_b, self.tile_block, keys)
         with torch.cuda.stream(self.stream):
+            # Token rows leave the device only where kept: the positions go over with the ids.
+            wants_rows = self.multi_vector or TOKEN_VECTORS in wanted
+            index = slot.index_on(kept, self.torch_device) if wants_rows and kept is not None else None
             if graph:
                 self._dev_in[:size].copy_(host_in[:size], non_blocking=True)
                 entry = self._graphs.get(key)
@@ -374,11 +391,11 @@ class TorchEngine(KernelCheck, Engine):
             if self.sparse:
                 return nonzero_rows(out[:n])
             if self.hybrid:
-                rows_of = self._hybrid_host.stage(out, n, tokens, wanted)
+                rows_of = self._hybrid_host.stage(out, n, tokens, wanted, index)
                 slot.record(self.stream)
                 slot.wait(self.spin_s)
                 return rows_of()
-            host_out[:rows].copy_(out[:rows], non_blocking=True)
+            host_out[:rows].copy_(out[:rows] if index is None else out.index_select(0, index), non_blocking=True)
             slot.record(self.stream)
 
         def rows_out() -> np.ndarray:

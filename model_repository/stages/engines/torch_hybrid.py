@@ -1,6 +1,7 @@
 """The torch engine's hybrid head (task hybrid: BGE-M3, export/hybrid_export.py): from the last hidden states of
 the packed token stream, each sequence's first token normalized (the dense vector), every token's ReLU'd sparse
-weight and every token's normalized colbert vector, all fp32 on the device. The engine copies the three out as
+weight and every token's normalized colbert vector, all fp32 on the device (the engine narrows the vectors to fp16
+on a GPU, torch_engine.py). The engine copies the three out as
 HybridRows; the stage takes each text's lexical maximum per token id and drops its first token's colbert vector.
 """
 
@@ -45,29 +46,36 @@ class HybridHead:
 class HybridHost:
     """Pinned host buffers the three outputs are copied into without blocking (grown as batches need)."""
 
-    def __init__(self, hidden: int, colbert_size: int) -> None:
+    def __init__(self, hidden: int, colbert_size: int, vector_dtype: torch.dtype) -> None:
         self.widths = (hidden, 0, colbert_size)
+        self.dtypes = (torch.float32, torch.float32, vector_dtype)
         self.buffers = self._pinned(1024, 16384)
 
     def _pinned(self, sequences: int, tokens: int) -> list[torch.Tensor]:
         shapes = ((sequences, self.widths[0]), (tokens,), (tokens, self.widths[2]))
-        return [torch.empty(shape, dtype=torch.float32, pin_memory=True) for shape in shapes]
+        return [
+            torch.empty(shape, dtype=dtype, pin_memory=True) for shape, dtype in zip(shapes, self.dtypes, strict=True)
+        ]
 
-    def stage(self, out: tuple[torch.Tensor, ...], sequences: int, tokens: int, wanted):
-        """Queues the copies of the batch's wanted rows on the current stream; the returned call, once the stream
-        is done, gives them as HybridRows."""
+    def stage(self, out: tuple[torch.Tensor, ...], sequences: int, tokens: int, wanted, colbert: torch.Tensor | None):
+        """Queues the copies of the batch's wanted rows on the current stream, the colbert vectors of the tokens at
+        `colbert` (device positions) only; the returned call, once the stream is done, gives them as HybridRows."""
         if sequences > len(self.buffers[0]) or tokens > len(self.buffers[1]):
             self.buffers = self._pinned(max(sequences, len(self.buffers[0])), max(tokens, len(self.buffers[1])))
-        counts = [count if name in wanted else 0 for name, count in
-                  zip(HYBRID_GRAPH_OUTPUTS, (sequences, tokens, tokens), strict=True)]  # fmt: skip
-        for buffer, rows, count in zip(self.buffers, out, counts, strict=True):
+        sizes = (sequences, tokens, 0 if colbert is None else len(colbert))
+        counts = [count if name in wanted else 0 for name, count in zip(HYBRID_GRAPH_OUTPUTS, sizes, strict=True)]
+        sources = (out[0], out[1], out[2] if colbert is None else out[2].index_select(0, colbert))
+        for buffer, rows, count in zip(self.buffers, sources, counts, strict=True):
             if count:
                 buffer[:count].copy_(rows[:count], non_blocking=True)
         copied = zip(self.buffers, counts, strict=True)
         return lambda: HybridRows(*(buffer[:count].numpy().copy() if count else None for buffer, count in copied))
 
 
-def host_rows(out: tuple[torch.Tensor, ...], wanted) -> HybridRows:
-    """A CPU batch's wanted outputs as HybridRows."""
-    return HybridRows(*(rows.numpy().astype(np.float32, copy=True) if name in wanted else None
-                        for name, rows in zip(HYBRID_GRAPH_OUTPUTS, out, strict=True)))  # fmt: skip
+def host_rows(out: tuple[torch.Tensor, ...], wanted, colbert: np.ndarray) -> HybridRows:
+    """A CPU batch's wanted outputs as HybridRows, the colbert vectors of the tokens `colbert` marks."""
+    dense, weights, vectors = (rows.numpy() if name in wanted else None
+                               for name, rows in zip(HYBRID_GRAPH_OUTPUTS, out, strict=True))  # fmt: skip
+    return HybridRows(None if dense is None else dense.astype(np.float32, copy=True),
+                      None if weights is None else weights.astype(np.float32, copy=True),
+                      None if vectors is None else vectors[colbert].astype(np.float32, copy=False))  # fmt: skip

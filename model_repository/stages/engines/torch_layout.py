@@ -147,20 +147,32 @@ def key_lengths(lengths: np.ndarray, attended: np.ndarray | None) -> np.ndarray:
 
 
 class HostSlot:
-    """One CUDA batch's pinned host buffers (its packed ids in, its rows out) and the event after its copies."""
+    """One CUDA batch's pinned host buffers (its packed ids in, the positions of the token rows it keeps, its rows
+    out) and the event after its copies."""
 
-    def __init__(self, cap: int, rows: int, width: int) -> None:
+    def __init__(self, cap: int, rows: int, width: int, dtype: torch.dtype) -> None:
         self.host_in = torch.empty(cap, dtype=torch.int32, pin_memory=True)
-        self.host_out = torch.empty((rows, width), dtype=torch.float32, pin_memory=True)
+        self.host_index = torch.empty(rows, dtype=torch.int64, pin_memory=True)
+        self.host_out = torch.empty((rows, width), dtype=dtype, pin_memory=True)
         self.done = torch.cuda.Event(blocking=True)
         self.pending = False
+
+    def index_on(self, kept: np.ndarray, device: torch.device) -> torch.Tensor:
+        """The positions of the kept rows (bool [rows]), copied to the device on the current stream through this
+        slot's pinned buffer (wait() first: its last batch's copies are done)."""
+        where = np.flatnonzero(kept)
+        if len(where) > self.host_index.numel():
+            self.host_index = torch.empty(len(where), dtype=torch.int64, pin_memory=True)
+        staged = self.host_index[: len(where)]
+        staged.numpy()[:] = where
+        return staged.to(device, non_blocking=True)
 
     def sized(self, size: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The buffers, grown to hold `size` packed int32 and `rows` rows."""
         if size > self.host_in.numel():
             self.host_in = torch.empty(size, dtype=torch.int32, pin_memory=True)
         if rows > self.host_out.shape[0]:
-            self.host_out = torch.empty((rows, self.host_out.shape[1]), dtype=torch.float32, pin_memory=True)
+            self.host_out = torch.empty((rows, self.host_out.shape[1]), dtype=self.host_out.dtype, pin_memory=True)
         return self.host_in, self.host_out
 
     def record(self, stream) -> None:
