@@ -127,11 +127,16 @@ def test_dense_routes_send_the_caller_to_the_multi_vector_routes(launcher):
         assert status == 400 and "use POST /embed_all or /colbert/score" in answer["error"]["message"], answer
 
 
-def test_the_grpc_client_reads_each_texts_token_vectors(launcher, reference):
-    """Split into requests of max_batch_size texts, joined, cut to each text's count; a bad side is named."""
-    with TextClient(f"127.0.0.1:{launcher.ports.grpc}", "grpc") as client:
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_the_client_reads_each_texts_token_vectors(launcher, reference, protocol):
+    """Over gRPC and KServe HTTP: split into requests of max_batch_size texts, joined, cut to each text's count
+    (fp16 views); a bad side is named."""
+    port = launcher.ports.grpc if protocol == "grpc" else launcher.ports.http
+    with TextClient(f"{protocol}://127.0.0.1:{port}") as client:
         for side, texts in (("query", QUERIES), ("document", DOCUMENTS)):
-            assert_same_vectors(client.embed_multi_vector(texts, input_type=side), expected(reference, texts, side))
+            vectors = client.embed_multi_vector(texts, input_type=side)
+            assert all(rows.dtype == np.float16 for rows in vectors)
+            assert_same_vectors(vectors, expected(reference, texts, side))
         with pytest.raises(ClientError, match="input_type"):
             client.infer(DOCUMENTS[:1], parameters={"input_type": "passage"})
         with pytest.raises(ValueError, match="input_type"):
