@@ -10,12 +10,12 @@ are pooled over the vocabulary on the device, and only their non-zero entries ar
 (task multi_vector) pools nothing: every token's row goes through the projection (PROJECTION_FILE) and, fp16 on a
 GPU (fp32 on the CPU) [tokens, dim], out; its batches carry each sequence's key length (a query's unattended
 [MASK] expansion gets a row but is a key to none: torch_attention.py), which FlashAttention's varlen kernels cannot
-take. A hybrid model (task
-hybrid, BGE-M3: torch_hybrid.py) gives each sequence's dense vector and every token's weight and vector. On CUDA each
-(token bucket, sequence bucket) shape is captured once as a CUDA graph that reads its ids from a static device
-buffer; batches are padded to the bucket with tail tokens that belong to no sequence (their rows never meet a
-real row: GEMMs and LayerNorm are row-wise and attention/pooling only read rows inside `cu_seqlens`), and their
-outputs are dropped. Batches outside the buckets run the same code eagerly.
+take; only the rows of the tokens the stage keeps leave the device. A hybrid model (task hybrid, BGE-M3:
+torch_hybrid.py) gives each sequence's dense vector, every token's weight, and the vector of every token but each
+sequence's first. On CUDA each (token bucket, sequence bucket) shape is captured once as a CUDA graph that reads
+its ids from a static device buffer; batches are padded to the bucket with tail tokens that belong to no sequence
+(their rows never meet a real row: GEMMs and LayerNorm are row-wise and attention/pooling only read rows inside
+`cu_seqlens`), and their outputs are dropped. Batches outside the buckets run the same code eagerly.
 
 This module must import inside Triton's Python-backend stub, where `transformers` does not import:
 it uses torch, numpy, safetensors and (optional, guarded) OpenAI Triton only.

@@ -1,8 +1,8 @@
 """The torch engine's hybrid head (task hybrid: BGE-M3, export/hybrid_export.py): from the last hidden states of
 the packed token stream, each sequence's first token normalized (the dense vector), every token's ReLU'd sparse
 weight and every token's normalized colbert vector, all fp32 on the device (the engine narrows the vectors to fp16
-on a GPU, torch_engine.py). The engine copies the three out as
-HybridRows; the stage takes each text's lexical maximum per token id and drops its first token's colbert vector.
+on a GPU, torch_engine.py). The engine copies the three out as HybridRows, the colbert vectors of every token but
+each text's first only; the stage takes each text's lexical maximum per token id.
 """
 
 from __future__ import annotations
