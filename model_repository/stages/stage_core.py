@@ -317,7 +317,8 @@ class StageCore:
         for side, indices in by_side.items():
             texts, parts = self.text.gather([requests[index].text for index in indices])
             ids, lengths, attended, kept = self.sides.encode(texts, side)
-            vectors = self.engine.forward_packed(ids, lengths, attended, kept=kept) if len(lengths) else None
+            some = None if kept.all() else kept  # None: every row, with no gather of them
+            vectors = self.engine.forward_packed(ids, lengths, attended, kept=some) if len(lengths) else None
             self.record(len(indices), lengths, self.engine.computed_tokens)
             counts = kept_counts(lengths, kept)
             row_ends = np.concatenate([[0], np.cumsum(counts)])

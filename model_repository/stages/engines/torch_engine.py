@@ -259,7 +259,7 @@ class TorchEngine(KernelCheck, Engine):
         (None: all; the graph computes all three either way). kept: a multi-vector model's tokens whose rows come
         back (a hybrid model's colbert vectors: every token's but each text's first)."""
         wanted = HYBRID_GRAPH_OUTPUTS if wanted is None else wanted
-        if self.hybrid:
+        if self.hybrid and TOKEN_VECTORS in wanted:
             kept = colbert_tokens(lengths)
         if self.model.pair_types:
             ids = ids | (types.astype(np.int32) << TYPE_SHIFT)
@@ -373,8 +373,7 @@ class TorchEngine(KernelCheck, Engine):
         pack(host_in.numpy()[:size], ids, lens, t_b, n_b, self.tile_block, keys)
         with torch.cuda.stream(self.stream):
             # Token rows leave the device only where kept: the positions go over with the ids.
-            wants_rows = self.multi_vector or TOKEN_VECTORS in wanted
-            index = slot.index_on(kept, self.torch_device) if wants_rows and kept is not None else None
+            index = None if kept is None else slot.index_on(kept, self.torch_device)
             if graph:
                 self._dev_in[:size].copy_(host_in[:size], non_blocking=True)
                 entry = self._graphs.get(key)

@@ -72,7 +72,7 @@ class HybridHost:
         return lambda: HybridRows(*(buffer[:count].numpy().copy() if count else None for buffer, count in copied))
 
 
-def host_rows(out: tuple[torch.Tensor, ...], wanted, colbert: np.ndarray) -> HybridRows:
+def host_rows(out: tuple[torch.Tensor, ...], wanted, colbert: np.ndarray | None) -> HybridRows:
     """A CPU batch's wanted outputs as HybridRows, the colbert vectors of the tokens `colbert` marks."""
     dense, weights, vectors = (rows.numpy() if name in wanted else None
                                for name, rows in zip(HYBRID_GRAPH_OUTPUTS, out, strict=True))  # fmt: skip
