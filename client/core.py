@@ -40,8 +40,9 @@ from common.contract import (
 )
 from protocol.api_key import api_key as api_key_of_environment
 from protocol.api_key import headers
-from protocol.kserve_grpc import GRPC_CHANNEL_ARGS, TRANSIENT_MESSAGES, encode_texts, join_outputs
+from protocol.kserve_grpc import GRPC_CHANNEL_ARGS, TRANSIENT_MESSAGES, encode_texts
 from protocol.multi_vector import token_vectors
+from protocol.packed import join_outputs
 from protocol.sparse import entries
 
 PROTOCOLS = ("grpc", "http")

@@ -7,13 +7,12 @@ generator can build a request once and send it many times.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
 import numpy as np
 from tritonclient.grpc import service_pb2
 
-from common.contract import PACKED_OUTPUTS, SPARSE_PADDING, TEXT_INPUT
+from common.contract import TEXT_INPUT
 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 MODEL_STATISTICS = "/inference.GRPCInferenceService/ModelStatistics"
@@ -120,39 +119,3 @@ def decode_infer_response(response: service_pb2.ModelInferResponse) -> dict[str,
         else:
             outputs[tensor.name] = np.frombuffer(raw, dtype=DTYPES[tensor.datatype]).reshape(shape)
     return outputs
-
-
-def join_outputs(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Several requests' outputs by name, one after another: a padded output (sparse entries) padded along its
-    second axis to the widest of them, a packed one (token vectors, chunks) row after row as it is."""
-    joined = {}
-    for name in parts[0]:
-        arrays = [part[name] for part in parts]
-        if name in SPARSE_PADDING:
-            width = max(array.shape[1] for array in arrays)
-            fill = SPARSE_PADDING[name]
-            arrays = [np.pad(a, [(0, 0), (0, width - a.shape[1])] + [(0, 0)] * (a.ndim - 2), constant_values=fill)
-                      for a in arrays]  # fmt: skip
-        joined[name] = np.concatenate(arrays)
-    return joined
-
-
-def split_outputs(outputs: dict[str, np.ndarray], texts: list[int]) -> list[dict[str, np.ndarray]]:
-    """One call's outputs as the parts of its texts (`texts`: each part's count), views: a packed output's rows by
-    its counts, every other output's by text."""
-    if len(texts) == 1:
-        return [outputs]
-    bounds = list(itertools.accumulate(texts, initial=0))
-    parts: list[dict[str, np.ndarray]] = [{} for _ in texts]
-    for name, rows in outputs.items():
-        ends = bounds
-        if name in PACKED_OUTPUTS:
-            ends = np.concatenate([[0], np.cumsum(outputs[PACKED_OUTPUTS[name]].reshape(-1))])[bounds].tolist()
-        for part, start, end in zip(parts, ends, ends[1:], strict=False):
-            part[name] = rows[start:end]
-    return parts
-
-
-def per_text(rows: np.ndarray, counts: np.ndarray) -> list[np.ndarray]:
-    """A packed output's rows of each text (views), by the texts' counts [texts, 1]."""
-    return np.split(rows, np.cumsum(counts.reshape(-1))[:-1])

@@ -7,7 +7,7 @@ import numpy as np
 
 from common.contract import TOKEN_COUNTS, TOKEN_VECTORS, TOKEN_VECTORS_FP32
 
-from .kserve_grpc import per_text
+from .packed import per_text
 
 
 def token_vectors(outputs: dict[str, np.ndarray], dtype=None) -> list[np.ndarray]:

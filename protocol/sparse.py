@@ -1,5 +1,5 @@
 """A sparse model's outputs as callers read them (common/contract.py: sparse_indices and sparse_values, each
-[texts, width] padded to the widest text of a request): each text's entries (kserve_grpc.join_outputs joins
+[texts, width] padded to the widest text of a request): each text's entries (packed.join_outputs joins
 several requests' outputs)."""
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from protocol.kserve_grpc import split_outputs
+from protocol.packed import split_outputs
 from serving.api.request_context import CURRENT, RequestContext
 from serving.api.triton_errors import BadInput, TimedOut
 from serving.api.triton_link import TritonLink

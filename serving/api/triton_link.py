@@ -26,9 +26,9 @@ from protocol.kserve_grpc import (
     GRPC_CHANNEL_ARGS,
     MODEL_INFER,
     decode_response,
-    join_outputs,
     tensors_infer_message,
 )
+from protocol.packed import join_outputs
 from serving.api.call_stats import CallStats
 from serving.api.triton_errors import TimedOut, call_error
 

@@ -14,7 +14,7 @@ import transformers
 from common.contract import CHUNK_COUNTS, CHUNK_EMBEDDINGS, TOKENS_OUTPUT
 from export.__main__ import export
 from model_repository.stages.late_chunking import LateChunking
-from protocol.kserve_grpc import per_text
+from protocol.packed import per_text
 from tests.checkpoints import MAX_TOKENS, make_checkpoint
 from tests.model.test_stage_execute import Backend, Request, assert_served_as_alone, loaded_stage
 

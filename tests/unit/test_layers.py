@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -184,3 +186,15 @@ def test_the_readme_names_the_layers_as_this_test_ranks_them():
     for name, rank in RANKS.items():
         by_rank.setdefault(rank, set()).add(name)
     assert [set(floor) for floor in floors] == [by_rank[rank] for rank in sorted(by_rank)]
+
+
+def test_the_device_benchmarks_import_without_tritonclient():
+    """The device image's Python has torch and transformers but no tritonclient: what its benchmarks import (the
+    readers of packed outputs among them) must not need it."""
+    blocked = "import sys; sys.modules['tritonclient'] = None; "
+    modules = ["protocol.packed", "protocol.multi_vector", "protocol.sparse", "bench.multi_vector_bench",
+               "bench.hybrid_bench", "bench.engine_bench"]  # fmt: skip
+    for module in modules:
+        result = subprocess.run([sys.executable, "-c", blocked + f"import {module}"], cwd=ROOT, capture_output=True,
+                                text=True, timeout=120)  # fmt: skip
+        assert result.returncode == 0, f"{module} needs tritonclient:\n{result.stderr[-800:]}"

@@ -1,14 +1,14 @@
 """Packed outputs (common/contract.py PACKED_OUTPUTS: token vectors, late chunks) joined from several requests and
 split back into parts by each text's count, as the client joins a request it sent in parts and the API front's
-coalescer splits one call among its requests (protocol/kserve_grpc.py)."""
+coalescer splits one call among its requests (protocol/packed.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from common.contract import SPARSE_INDICES, TOKEN_COUNTS, TOKEN_VECTORS, TOKENS_OUTPUT
-from protocol.kserve_grpc import join_outputs, per_text, split_outputs
 from protocol.multi_vector import token_vectors
+from protocol.packed import join_outputs, per_text, split_outputs
 
 
 def answer(counts: list[int], start: float) -> dict[str, np.ndarray]:
