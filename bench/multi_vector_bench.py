@@ -96,8 +96,8 @@ def served_call(engine, sides: MultiVectorSides, side: str):
     """A batch of texts as the stage answers one request of them: tokenized, encoded, the answer built."""
 
     def call(texts: list[str]) -> dict[str, np.ndarray]:
-        ids, lengths, attended, kept = sides.encode(texts, side)
-        return vector_outputs(engine.forward_packed(ids, lengths, attended), lengths, kept, ())
+        rows, _, counts = sides.vectors(engine, texts, side)
+        return vector_outputs(rows, counts, ())
 
     return call
 

@@ -25,7 +25,7 @@ from .engines import Engine
 from .gpu_turns import GpuTurns
 from .hybrid_output import HybridOutput
 from .late_chunking import LateChunking, chunk_size
-from .multi_vector_output import MultiVectorSides, kept_counts, vector_outputs
+from .multi_vector_output import MultiVectorSides, vector_outputs
 from .prompts import Prompts
 from .sparse_output import SparseOutput
 from .static_query import StaticQuery, asks_for_queries
@@ -316,11 +316,8 @@ class StageCore:
                 answers[index] = str(exc)
         for side, indices in by_side.items():
             texts, parts = self.text.gather([requests[index].text for index in indices])
-            ids, lengths, attended, kept = self.sides.encode(texts, side)
-            some = None if kept.all() else kept  # None: every row, with no gather of them
-            vectors = self.engine.forward_packed(ids, lengths, attended, kept=some) if len(lengths) else None
+            vectors, lengths, counts = self.sides.vectors(self.engine, texts, side)
             self.record(len(indices), lengths, self.engine.computed_tokens)
-            counts = kept_counts(lengths, kept)
             row_ends = np.concatenate([[0], np.cumsum(counts)])
             for index, part in zip(indices, parts, strict=True):
                 if isinstance(part, str):

@@ -96,9 +96,23 @@ def _served(multi_vector: MultiVector, texts: list[str], side: str, engine=None)
     """Each text's kept token vectors from the engine (default: onnxruntime_cpu's)."""
     sides = MultiVectorSides(multi_vector.export_dir / "tokenizer.json", _spec(multi_vector))
     engine = engine or load_engine("onnxruntime_cpu", multi_vector.export_dir, options={"threads": "2"})
-    ids, lengths, attended, kept = sides.encode(texts, side)
-    rows = engine.forward_packed(ids, lengths, attended, kept=kept)
-    return token_vectors(vector_outputs(rows, kept_counts(lengths, kept), ASK_FP32))
+    rows, _, counts = sides.vectors(engine, texts, side)
+    return token_vectors(vector_outputs(rows, counts, ASK_FP32))
+
+
+@pytest.mark.parametrize("side", ["query", "document"])
+def test_the_multi_vector_bench_times_the_stage_s_own_answer(multi_vector, side):
+    """bench.multi_vector_bench's call is a request's answer as the stage builds it: each text's kept vectors in fp16
+    (it once called an old signature, and failed only on the GPU machine)."""
+    from bench.multi_vector_bench import served_call
+
+    sides = MultiVectorSides(multi_vector.export_dir / "tokenizer.json", _spec(multi_vector))
+    engine = load_engine("onnxruntime_cpu", multi_vector.export_dir, options={"threads": "2"})
+    texts = QUERIES if side == "query" else documents()[:5]
+    answer = served_call(engine, sides, side)(texts)
+    assert answer[TOKEN_VECTORS].dtype == np.float16
+    for got, want in zip(token_vectors(answer), _served(multi_vector, texts, side, engine), strict=True):
+        np.testing.assert_array_equal(got, want.astype(np.float16))
 
 
 @pytest.mark.parametrize("kind", ["onnxruntime_cpu", "torch"])
