@@ -13,9 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from google.protobuf import json_format, text_format
-from tritonclient.grpc import model_config_pb2 as mc
 
-from model_repository.generate import generate
 from tests.support import over_limit_texts
 
 
@@ -70,6 +68,12 @@ class Request(dict):
 def loaded_stage(monkeypatch, settings, export_dir: Path, folder: Path, stage: str):
     """The stage module's TritonPythonModel, initialized as Triton would on the repository generated from
     settings and export_dir into folder, with Backend standing in for Triton's Python API."""
+    # Imported here: the GPU machine's Python, which runs the GPU tests of modules importing this one, has no
+    # tritonclient.
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from model_repository.generate import generate
+
     model = "tokenizer" if stage == "tokenizer_model" else "ensemble"
     model_dir = generate(settings, export_dir, folder) / model
     config = text_format.Parse((model_dir / "config.pbtxt").read_text(), mc.ModelConfig())
