@@ -25,7 +25,7 @@ from export.checkpoint import CheckpointError
 from export.onnx_export import VALIDATION_SENTENCES
 from model_repository.stages.engines import load_engine
 from model_repository.stages.engines.sparse import SparseRow
-from model_repository.stages.sparse_output import SparseOutput, cut, padded
+from model_repository.stages.sparse_output import SparseOutput, padded_cut
 from settings import ROOT
 from tests.checkpoints import MAX_TOKENS, make_checkpoint, make_sparse_checkpoint
 
@@ -164,16 +164,24 @@ ROW = SparseRow(np.array([3, 9, 12, 40, 41], dtype=np.int32), np.array([0.5, 2.0
 )
 def test_a_row_is_cut_to_its_largest_entries_above_the_threshold(top_k, threshold, indices):
     """top_k keeps the largest (a tie: the lower index), threshold those above it; the index order stays."""
-    kept = cut(ROW, top_k, threshold)
-    assert kept.indices.tolist() == indices
-    assert kept.values.tolist() == [float(ROW.values[ROW.indices.tolist().index(i)]) for i in indices]
+    tensors = padded_cut([ROW], top_k, threshold)
+    assert tensors[SPARSE_INDICES][0].tolist() == indices
+    assert tensors[SPARSE_VALUES][0].tolist() == [float(ROW.values[ROW.indices.tolist().index(i)]) for i in indices]
 
 
-def test_a_request_is_padded_to_its_own_widest_text():
-    tensors = padded([ROW, SparseRow(ROW.indices[:2], ROW.values[:2]), SparseRow(ROW.indices[:0], ROW.values[:0])])
-    assert tensors[SPARSE_INDICES].tolist() == [[3, 9, 12, 40, 41], [3, 9, -1, -1, -1], [-1] * 5]
-    assert tensors[SPARSE_VALUES][1].tolist() == [0.5, 2.0, 0, 0, 0] and tensors[SPARSE_VALUES].dtype == np.float32
-    assert padded([SparseRow(ROW.indices[:0], ROW.values[:0])])[SPARSE_INDICES].shape == (1, 1)
+def test_each_text_of_a_request_is_cut_on_its_own_and_padded_to_the_widest():
+    """A text's top_k are its own largest, whatever the other texts hold; -1 and 0 past a text's entries; width at
+    least 1 when no text keeps any."""
+    low = SparseRow(np.array([1, 2, 5], dtype=np.int32), np.array([0.25, 0.375, 0.125], dtype=np.float32))
+    empty = SparseRow(ROW.indices[:0], ROW.values[:0])
+    tensors = padded_cut([ROW, low, empty, SparseRow(ROW.indices[:2], ROW.values[:2])], 2, 0.0)
+    assert tensors[SPARSE_INDICES].tolist() == [[9, 40], [1, 2], [-1, -1], [3, 9]]
+    assert tensors[SPARSE_VALUES].tolist() == [[2.0, 2.0], [0.25, 0.375], [0, 0], [0.5, 2.0]]
+    assert tensors[SPARSE_VALUES].dtype == np.float32 and tensors[SPARSE_INDICES].dtype == np.int32
+    whole = padded_cut([ROW, SparseRow(ROW.indices[:2], ROW.values[:2]), empty], 0, 0.0)
+    assert whole[SPARSE_INDICES].tolist() == [[3, 9, 12, 40, 41], [3, 9, -1, -1, -1], [-1] * 5]
+    assert padded_cut([empty], 0, 0.0)[SPARSE_INDICES].shape == (1, 1)
+    assert padded_cut([ROW, low], 0, 5.0)[SPARSE_INDICES].tolist() == [[-1], [-1]]
 
 
 def test_a_requests_parameters_override_the_settings_and_bad_ones_are_named():
