@@ -10,6 +10,8 @@
 #            sentence-transformers has no MultiVectorEncoder, .devwheels/*.whl goes to /tmp/st first.
 #   late     python -m bench.late_chunking_bench on CUDA: ModernBERT-base (random weights) on the torch engine fp16,
 #            documents of 8,192 tokens in one pass pooled per chunk of 256 against the same documents embedded whole.
+#   tests    the GPU tests of both tasks (pytest -m gpu tests/model/test_multi_vector.py tests/model/test_hybrid.py:
+#            fp16 rows against onnxruntime_cpu's, and the bytes that leave the device), in the image's Python.
 #   PARTS="hybrid colbert late" (default) picks the steps; one failing does not stop the others.
 OUT=${OUT:-/tmp/h200_retrieval}
 # shellcheck source=bench/device/device_preamble.sh
@@ -36,5 +38,11 @@ esac
 case " $PARTS " in *" late "*)
   "$IMAGE_PYTHON" -m bench.late_chunking_bench --device cuda --preset modernbert-base --tokens 8192 --chunk 256 \
     --documents 8 --batch 2 --out "$OUT" 2>&1 | tee "$OUT/late.log" | tail -5 || echo "late_chunking_bench failed"
+  ;;
+esac
+
+case " $PARTS " in *" tests "*)
+  "$IMAGE_PYTHON" -m pytest -q -m gpu -p no:cacheprovider tests/model/test_multi_vector.py tests/model/test_hybrid.py \
+    2>&1 | tee "$OUT/gpu_tests.log" | tail -8 || echo "the GPU tests failed"
   ;;
 esac
