@@ -27,12 +27,13 @@ def padded_cut(rows: list[SparseRow], top_k: int, threshold: float) -> dict[str,
     values = np.concatenate([row.values for row in rows]) if n else np.zeros(0, dtype=np.float32)
     keep = values > threshold
     text, indices, values = text[keep], indices[keep], values[keep]
-    if top_k > 0 and (np.bincount(text, minlength=n) > top_k).any():
+    kept = np.bincount(text, minlength=n)
+    if top_k > 0 and (kept > top_k).any():
         order = np.lexsort((-values, text))  # each text's largest first; stable, so a tie keeps the lower index
-        rank = np.arange(len(order)) - np.searchsorted(text[order], np.arange(n))[text[order]]
+        rank = np.arange(len(order)) - (np.cumsum(kept) - kept)[text[order]]
         chosen = np.sort(order[rank < top_k])
         text, indices, values = text[chosen], indices[chosen], values[chosen]
-    kept = np.bincount(text, minlength=n)
+        kept = np.minimum(kept, top_k)
     column = np.arange(len(text)) - (np.cumsum(kept) - kept)[text]
     width = max(1, int(kept.max()) if n else 1)
     out_indices = np.full((n, width), SPARSE_PADDING[SPARSE_INDICES], dtype=np.int32)

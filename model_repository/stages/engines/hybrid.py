@@ -66,7 +66,8 @@ def lexical_rows(ids: np.ndarray, lengths: np.ndarray, weights: np.ndarray, unus
     keys = (text[keep] << 32) | ids[keep].astype(np.int64)
     order = np.argsort(keys, kind="stable")
     keys, weights = keys[order], weights[keep][order]
-    first = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if len(keys) else np.zeros(0, dtype=np.int64)
+    if not len(keys):
+        return split_rows(keys, keys, weights, len(lengths))
+    first = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
     keys = keys[first]
-    largest = np.maximum.reduceat(weights, first) if len(keys) else weights
-    return split_rows(keys >> 32, keys & 0xFFFFFFFF, largest, len(lengths))
+    return split_rows(keys >> 32, keys & 0xFFFFFFFF, np.maximum.reduceat(weights, first), len(lengths))
