@@ -44,32 +44,27 @@ class HybridHead:
 
 
 class HybridHost:
-    """Pinned host buffers the three outputs are copied into without blocking (grown as batches need)."""
+    """The three outputs' copies into pinned host memory, fresh for each batch from torch's caching host allocator (a
+    freed block is reused once its copy is done), so that the rows are answered as views, without a host copy."""
 
     def __init__(self, hidden: int, colbert_size: int, vector_dtype: torch.dtype) -> None:
         self.widths = (hidden, 0, colbert_size)
         self.dtypes = (torch.float32, torch.float32, vector_dtype)
-        self.buffers = self._pinned(1024, 16384)
-
-    def _pinned(self, sequences: int, tokens: int) -> list[torch.Tensor]:
-        shapes = ((sequences, self.widths[0]), (tokens,), (tokens, self.widths[2]))
-        return [
-            torch.empty(shape, dtype=dtype, pin_memory=True) for shape, dtype in zip(shapes, self.dtypes, strict=True)
-        ]
 
     def stage(self, out: tuple[torch.Tensor, ...], sequences: int, tokens: int, wanted, colbert: torch.Tensor | None):
         """Queues the copies of the batch's wanted rows on the current stream, the colbert vectors of the tokens at
         `colbert` (device positions) only; the returned call, once the stream is done, gives them as HybridRows."""
-        if sequences > len(self.buffers[0]) or tokens > len(self.buffers[1]):
-            self.buffers = self._pinned(max(sequences, len(self.buffers[0])), max(tokens, len(self.buffers[1])))
         sizes = (sequences, tokens, 0 if colbert is None else len(colbert))
-        counts = [count if name in wanted else 0 for name, count in zip(HYBRID_GRAPH_OUTPUTS, sizes, strict=True)]
         sources = (out[0], out[1], out[2] if colbert is None else out[2].index_select(0, colbert))
-        for buffer, rows, count in zip(self.buffers, sources, counts, strict=True):
-            if count:
-                buffer[:count].copy_(rows[:count], non_blocking=True)
-        copied = zip(self.buffers, counts, strict=True)
-        return lambda: HybridRows(*(buffer[:count].numpy().copy() if count else None for buffer, count in copied))
+        copies = []
+        for name, rows, count, width, dtype in zip(HYBRID_GRAPH_OUTPUTS, sources, sizes, self.widths, self.dtypes,
+                                                   strict=True):  # fmt: skip
+            if name not in wanted or not count:
+                copies.append(None)
+                continue
+            host = torch.empty((count, width) if width else (count,), dtype=dtype, pin_memory=True)
+            copies.append(host.copy_(rows[:count], non_blocking=True))
+        return lambda: HybridRows(*(None if host is None else host.numpy() for host in copies))
 
 
 def host_rows(out: tuple[torch.Tensor, ...], wanted, colbert: np.ndarray | None) -> HybridRows:
