@@ -23,7 +23,7 @@ it uses torch, numpy, safetensors and (optional, guarded) OpenAI Triton only.
 Options (the `options` dict; values may be strings as they come from a config file):
   precision        fp16 | bf16 | fp32             (CPU: fp32, or bf16 = bf16 GEMM operands on AMX or AVX-512 BF16,
                    all else fp32)
-  attention        auto | triton | flash | varlen | sdpa
+  attention        auto | triton | flash | varlen | sdpa  (auto: triton where usable, but sdpa in fp32 on a GPU)
                    triton: our varlen kernel; flash: aten._flash_attention_forward varlen (FlashAttention-2);
                    varlen: torch.nn.attention.varlen.varlen_attn; sdpa: rows scattered into a padded
                    [sequences, max_len] grid and one masked SDPA call (the CPU path). flash and varlen run
@@ -198,7 +198,9 @@ class TorchEngine(KernelCheck, Engine):
             log.warning("OpenAI Triton is not usable here; elementwise kernels fall back to torch ops")
             kernels = "torch"
         attention = str(opt.get("attention", "auto")).lower()
-        if attention == "auto":
+        if attention == "auto" and self.is_cuda and self.dtype == torch.float32:
+            attention = "sdpa"  # the Triton kernel's IEEE fp32 tl.dot ran SPLADE at 0.59-0.63x (H100, 2026-12-05)
+        elif attention == "auto":
             attention = "triton" if self.triton_usable else ("flash" if self.is_cuda else "sdpa")
         gelu = str(opt.get("gelu", "auto")).lower()
         if gelu == "auto":  # measured on an H200: the cuBLASLt epilogue saves a full pass over [T, 3072]
