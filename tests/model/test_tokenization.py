@@ -84,8 +84,10 @@ def test_the_corpus_gets_the_hugging_face_ids(max_tokens):
     text_tokenizer = TextTokenizer.from_file(minilm_tokenizer_file(), max_tokens)
     texts = load_text()
     spy = SlowSpy(text_tokenizer)
-    assert packed_rows(text_tokenizer, texts) == reference_ids(text_tokenizer, texts)
+    expected = reference_ids(text_tokenizer, texts)
+    assert packed_rows(text_tokenizer, texts) == expected
     assert len(spy.texts) < len(texts) / 100, "nearly all of the corpus is ASCII and takes the fast path"
+    assert packed_rows(text_tokenizer, texts) == expected, "the same ids again, from the filled caches"
 
 
 def test_long_texts_are_read_from_a_prefix_with_the_whole_texts_ids():
@@ -161,9 +163,9 @@ def test_empty_batch_packs_to_nothing():
 def test_word_cache_is_bounded(monkeypatch):
     monkeypatch.setattr(ascii_path, "WORD_CACHE_SIZE", 3)
     bounded = TextTokenizer.from_file(minilm_tokenizer_file(), 64)
-    texts = ["alpha beta gamma delta epsilon zeta", "alpha zeta"]
+    texts = ["alpha beta gamma delta epsilon zeta", "alpha zeta", "zeta, alpha! beta"]
     assert packed_rows(bounded, texts) == reference_ids(bounded, texts)
-    assert len(bounded._ascii._cache) == 3
+    assert len(bounded._ascii._cache) == 3 and len(bounded._ascii._chunks) == 3
 
 
 @pytest.mark.parametrize(
