@@ -5,9 +5,9 @@
 #      fp16 at BATCHES, in one process (texts/s, peak GPU memory, agreement, the whole logits' size).
 #      Where the image's sentence-transformers has no SparseEncoder, .devwheels/*.whl goes to /tmp/st first.
 #   B. settings/variants/splade.toml's model (random weights of bert-base's shape, MiniLM's vocabulary) with
-#      bert-base-h200.toml's serving (torch fp16, one stage, its instances on GPU 0), exported and served on the
-#      real tritonserver, perf_analyzer at SHAPES (python -m bench.e2e_bench); then the engine alone at batch 64
-#      on that export, in the same call.
+#      bert-base-h200.toml's serving (torch at the task's own precision, fp32; one stage, its instances on GPU 0),
+#      exported and served on the real tritonserver, perf_analyzer at SHAPES (python -m bench.e2e_bench); then the
+#      engine alone at batch 64 on that export, in the same call.
 #   PARTS="A B" (default) picks the steps.
 OUT=${OUT:-/tmp/h200_sparse}
 EXPORT_LOG=/tmp/export-splade.log  # not in $OUT: the device tool brings back at most 8 files
@@ -27,13 +27,14 @@ case " $PARTS " in *" A "*)
 esac
 
 case " $PARTS " in *" B "*)
-  # bert-base-h200.toml's serving with splade.toml's [model] section in place of its own.
+  # bert-base-h200.toml's serving with splade.toml's [model] section in place of its own, and the task's own
+  # precision (auto: fp32, the one whose term sets match SparseEncoder fp32) in place of the variant's fp16.
   settings=/tmp/splade-h200.toml
   {
     echo "# bench/device/h200_sparse.sh: settings/variants/splade.toml's [model] with bert-base-h200.toml's serving."
     sed -n '/^\[model\]/,/^$/p' settings/variants/splade.toml
     echo
-    sed -e '/^\[model\]/,/^$/d' -e '1,/^$/d' settings/variants/bert-base-h200.toml
+    sed -e '/^\[model\]/,/^$/d' -e '1,/^$/d' -e '/^precision *=/d' settings/variants/bert-base-h200.toml
   } > "$settings"
   cp "$settings" "$OUT/splade-h200.toml"
   "$IMAGE_PYTHON" -c 'import sys; from settings import load_settings; s = load_settings(sys.argv[1]);
