@@ -40,12 +40,13 @@ def test_a_stub_that_lost_its_tritonserver_before_watching_exits_and_frees_its_r
     region = f"parent_watch_test_{uuid.uuid4().hex}"
     (SHM / region).write_bytes(b"\0")
     gone = os.getpid() + 4_000_000  # not this stub's parent: the server that forked it is already gone
+    stub = start_stub(tmp_path, region, gone)
     try:
-        stub = start_stub(tmp_path, region, gone)
-        assert stub.stdout.readline().strip() == "True"
-        assert stub.wait(timeout=10) == 0
+        assert stub.wait(timeout=10) == 0  # the watch's exit, before the script's own print at times
         assert not (SHM / region).exists()
     finally:
+        stub.kill()
+        stub.wait()
         (SHM / region).unlink(missing_ok=True)
 
 
@@ -53,13 +54,13 @@ def test_a_stub_that_lost_its_tritonserver_before_watching_exits_and_frees_its_r
 def test_a_stub_whose_tritonserver_lives_keeps_running(tmp_path):
     region = f"parent_watch_test_{uuid.uuid4().hex}"
     (SHM / region).write_bytes(b"\0")
+    stub = start_stub(tmp_path, region, os.getpid())
     try:
-        stub = start_stub(tmp_path, region, os.getpid())
-        assert stub.stdout.readline().strip() == "True"
+        assert stub.stdout.readline().strip() == "True", "the stub watches"
         with pytest.raises(subprocess.TimeoutExpired):
             stub.wait(timeout=0.5)
         assert (SHM / region).exists()
+    finally:
         stub.kill()
         stub.wait()
-    finally:
         (SHM / region).unlink(missing_ok=True)
