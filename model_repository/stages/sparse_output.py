@@ -35,7 +35,7 @@ def padded_cut(rows: list[SparseRow], top_k: int, threshold: float) -> dict[str,
         text, indices, values = text[chosen], indices[chosen], values[chosen]
         kept = np.minimum(kept, top_k)
     column = np.arange(len(text)) - (np.cumsum(kept) - kept)[text]
-    width = max(1, int(kept.max()) if n else 1)
+    width = int(kept.max(initial=1))  # at least 1, also for no texts
     out_indices = np.full((n, width), SPARSE_PADDING[SPARSE_INDICES], dtype=np.int32)
     out_values = np.full((n, width), SPARSE_PADDING[SPARSE_VALUES], dtype=np.float32)
     out_indices[text, column] = indices
