@@ -2,8 +2,8 @@
 # One device call on the H200 for issue 45: this tree beside others in the same call (TREES: "name:folder" pairs,
 # each a plain copy of a commit with its own export, e.g. `git archive 6545040 | tar -x -C .trees/main`, carried).
 # The engine alone first (its own figure beside the served ones), then per tree, with that tree's own benchmarks:
-# - PART=queries: bench.api_cost with one perf_analyzer process, one text a request, direct gRPC and
-#   /v1/embeddings (base64) at CONCURRENCY: a load of queries only;
+# - PART=queries: bench.api_cost, one text a request, direct gRPC and /v1/embeddings (base64) at CONCURRENCY: a load
+#   of queries only, sent by each of GENERATORS (perf_analyzer: one process; python: the harness);
 # - PART=shapes: bench.e2e_bench (perf_analyzer, unary gRPC) at E2E_SHAPES (texts x concurrency);
 # - PART=priority: bench.priority_bench: one-text queries at 50/s alone and beside SHAPES of ingestion
 #   (clients x texts), then 1,000 requests with a 5 ms budget beside the first shape.
@@ -38,9 +38,15 @@ for pair in $TREES; do
   echo "== $name ($folder) ${!set_var:-}"
   (cd "$folder" && python3 -m model_repository.generate --settings "$SETTINGS" "${flags[@]}" > /dev/null)
   if [ "$PART" = queries ]; then
-    (cd "$folder" && python3 -m bench.api_cost --settings "$SETTINGS" "${flags[@]}" --generator perf_analyzer \
-      --processes 1 --routes grpc api-base64 --concurrency ${CONCURRENCY:-1 64 256} --duration-s "${DURATION_S:-4}" \
-      --rounds 1 --out "$OUT/$name" 2>&1 | tee "$OUT/$name.log" | grep "^c=") || echo "$name: api_cost failed"
+    for generator in ${GENERATORS:-perf_analyzer}; do  # perf_analyzer: 1 process; python: the harness's PY_PROCESSES
+      processes=1
+      [ "$generator" = python ] && processes=${PY_PROCESSES:-4}
+      echo "-- $generator"
+      (cd "$folder" && python3 -m bench.api_cost --settings "$SETTINGS" "${flags[@]}" --generator "$generator" \
+        --processes "$processes" --routes grpc api-base64 --concurrency ${CONCURRENCY:-1 64 256} \
+        --duration-s "${DURATION_S:-4}" --rounds 1 --out "$OUT/$name-$generator" 2>&1 \
+        | tee "$OUT/$name-$generator.log" | grep "^c=") || echo "$name: api_cost failed"
+    done
   elif [ "$PART" = shapes ]; then  # several texts a request over unary gRPC: TEXTSxCONCURRENCY
     (cd "$folder" && python3 -m bench.e2e_bench --settings "$SETTINGS" "${flags[@]}" --perf-analyzer "$PERF_ANALYZER" \
       --gpu-name "$GPU_NAME" --shapes "${E2E_SHAPES:-8x64,64x8}" --interval-ms 2000 --out "$OUT/$name-shapes" 2>&1 \
