@@ -15,8 +15,10 @@ same skiplist words), Normalize, and serving.json's prompts; fp16 on CUDA, fp32 
 Texts: loadtest/corpus.txt, as documents and (truncated and expanded as queries are) as queries. Runners, each
 called once per batch of --batch texts: sentence_transformers (encode_document / encode_query, batch_size the
 batch), the torch engine (fp16 on CUDA, fp32 on the CPU) and onnxruntime_cpu (CPU only), the engines loaded as the
-stage loads them and called through the stage's path: MultiVectorSides.encode (tokenizing), forward_packed, and
-multi_vector_output.vector_outputs (the request's packed fp16 token_vectors and token_counts).
+stage loads them and called through the stage core (stage_core.py: tokenizing, the engine, the request's packed
+fp16 token_vectors and token_counts), one request of the batch's texts a call. On CUDA, "torch in turns" answers
+TURNS requests of the batch's texts in one call as a stub beside the query lane does (gpu_turns.py, a chunk of one
+request a turn): the next chunk is tokenized while the engine runs this one.
 Per side, runner and batch size: texts/s and kept token vectors/s (tokens_per_s) of the best of --passes timed
 passes after an untimed one; the peak memory during them over what the runner held once loaded; the ratio to
 sentence_transformers; and, on the first batch, the agreement with it (the same token count per text, the lowest
@@ -48,19 +50,24 @@ from bench.reference_run import (
     runner_names,
     split,
 )
-from common.contract import PROJECTION_FILE
+from common.contract import INPUT_TYPE, PROJECTION_FILE
+from common.gpu_board import GpuBoard
 from common.multi_vector import MultiVectorSpec
 from export.__main__ import export
 from loadtest.corpus import load_text
 from model_repository.stages.engines.models import presets
-from model_repository.stages.multi_vector_output import MultiVectorSides, vector_outputs
+from model_repository.stages.gpu_turns import GpuTurns
+from model_repository.stages.multi_vector_output import MultiVectorSides
+from model_repository.stages.stage_core import HeldRequest, StageCore
+from model_repository.stages.text_input import TextInput
 from protocol.multi_vector import token_vectors
-from settings import ROOT, load_settings
+from settings import ROOT, Settings, load_settings
 
 SETTINGS = ROOT / "settings" / "variants" / "colbert.toml"
 SKIPLIST = list(string.punctuation)  # PyLate's, as the random-init export's (export/multi_vector_export.py)
 MIN_COSINE = {"fp16": 0.999, "fp32": 0.9999}
 SIDES = ("document", "query")
+TURNS = 8  # requests a "torch in turns" call answers, one chunk each
 
 
 def reference_encoder(folder: Path, spec: MultiVectorSpec, max_tokens: int, device: str):
@@ -92,12 +99,33 @@ def reference_encoder(folder: Path, spec: MultiVectorSpec, max_tokens: int, devi
     return model.half() if device == "cuda" else model
 
 
-def served_call(engine, sides: MultiVectorSides, side: str):
-    """A batch of texts as the stage answers one request of them: tokenized, encoded, the answer built."""
+def stage_core(folder: Path, engine, settings: Settings) -> StageCore:
+    """The stage core of the export, as a stub builds it from its config parameters (model_repository/configs.py)."""
+    tokenizer = settings.tokenizer
+    params = {"max_tokens": str(settings.model.max_tokens), "max_text_bytes": str(tokenizer.max_text_bytes),
+              "max_request_bytes": str(tokenizer.max_request_bytes)}  # fmt: skip
+    return StageCore(TextInput(folder, params, 1), engine, params, folder, lambda *_: None)
+
+
+def held_request(texts: list[str], side: str) -> HeldRequest:
+    column = np.array([[text.encode()] for text in texts], dtype=np.object_)
+    return HeldRequest(column, None, json.dumps({INPUT_TYPE: side}))
+
+
+def served_call(core: StageCore, side: str, turns: GpuTurns | None = None):
+    """A batch of texts as the stage answers one request of them; with `turns`, TURNS batches' requests answered
+    in one stage call, a chunk of one request a turn (the call's output is its first request's answer)."""
 
     def call(texts: list[str]) -> dict[str, np.ndarray]:
-        rows, _, counts = sides.vectors(engine, texts, side)
-        return vector_outputs(rows, counts, ())
+        if turns is None:
+            (answer,) = core.answer([held_request(texts, side)])
+        else:
+            size = turns.chunk_texts
+            answer, *_ = core.answer(
+                [held_request(texts[i : i + size], side) for i in range(0, len(texts), size)], turns
+            )
+        assert not isinstance(answer, str), answer
+        return answer
 
     return call
 
@@ -136,10 +164,10 @@ def main(argv: list[str] | None = None) -> int:
         report = export(f"random-init:{args.shape}", "multi_vector", max_tokens, folder, settings.engine.onnx_opset,
                         settings.engine.onnx_tolerance, args.tokenizer, onnx=args.device == "cpu")  # fmt: skip
         raw_spec = json.loads((folder / "serving.json").read_text())["multi_vector"]
-        sides = MultiVectorSides(folder / "tokenizer.json", raw_spec)
+        spec = MultiVectorSpec.from_dict(raw_spec)
         record |= {"export_s": report["seconds"], "multi_vector": raw_spec, "sides": {}}
         for side in sides_run:
-            _, lengths, _, kept = sides.encode(texts, side)
+            _, lengths, _, kept = MultiVectorSides(folder / "tokenizer.json", raw_spec).encode(texts, side)
             record["sides"][side] = {
                 "mean_tokens": float(lengths.mean()),
                 "kept_tokens": int(kept.sum()),
@@ -147,18 +175,25 @@ def main(argv: list[str] | None = None) -> int:
             }
         reference = {}
         options = {"precision": precision, "threads": args.threads, **settings.engine.options}
-        for name in runner_names(args.device):
-            build = partial(reference_encoder, folder, sides.spec, max_tokens, args.device)
-            model = load_runner(name, build, folder, args.device, options)
+        names = runner_names(args.device) + (["torch in turns"] if args.device == "cuda" else [])
+        board = GpuBoard(Path(work) / "board")  # the turns' own: no lane holds queries on it
+        for name in names:
+            build = partial(reference_encoder, folder, spec, max_tokens, args.device)
+            model = load_runner(name.split()[0], build, folder, args.device, options)
+            core = None if name == "sentence_transformers" else stage_core(folder, model, settings)
             memory.loaded()
             for side in sides_run:
                 for size in sizes:
+                    batches = split(texts, size)
                     if name == "sentence_transformers":
                         encode = model.encode_query if side == "query" else model.encode_document
                         call = partial(encode, batch_size=size, show_progress_bar=False, convert_to_numpy=True)
+                    elif name == "torch in turns":  # a chunk of one request of `size` texts a turn
+                        turns = GpuTurns(board, 0, False, size, 0, 0.0)
+                        call, batches = served_call(core, side, turns), split(texts, size * TURNS)
                     else:
-                        call = served_call(model, sides, side)
-                    first, row = measure(call, split(texts, size), args.passes, memory)
+                        call = served_call(core, side)
+                    first, row = measure(call, batches, args.passes, memory)
                     if name == "sentence_transformers":
                         reference[side, size] = first
                     else:
@@ -166,10 +201,11 @@ def main(argv: list[str] | None = None) -> int:
                     kept_tokens = record["sides"][side]["kept_tokens"]
                     row["tokens_per_s"] = row["texts_per_s"] * kept_tokens / len(texts)
                     record["sides"][side]["batches"][str(size)][name] = row
-            del model, call
+            del model, core, call
             gc.collect()
             if args.device == "cuda":
                 torch.cuda.empty_cache()
+        board.close()
     for side in record["sides"].values():
         for runs in side["batches"].values():
             base = runs["sentence_transformers"]["texts_per_s"]

@@ -56,14 +56,6 @@ class MultiVectorSides:
             kept = ~np.isin(ids, self.skiplist)
         return ids, lengths, attended, kept
 
-    def vectors(self, engine, texts: list[str], side: str) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
-        """The texts of one side through the engine: (their kept vectors packed, their token counts, their kept
-        counts). The engine gathers the kept rows on its device, unless every token is kept (queries)."""
-        ids, lengths, attended, kept = self.encode(texts, side)
-        some = None if kept.all() else kept  # None: every row, with no gather of them
-        rows = engine.forward_packed(ids, lengths, attended, kept=some) if len(lengths) else None
-        return rows, lengths, kept_counts(lengths, kept)
-
 
 def expand(ids: np.ndarray, lengths: np.ndarray, spec: MultiVectorSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each query padded up to the expansion length with the expansion token, attended where the spec says."""

@@ -2,10 +2,10 @@
 requests' texts -> tokens -> engine -> pooling/head -> each request's outputs, or the message refusing it.
 
 It knows requests only as HeldRequest (its inputs as numpy, its KServe parameters, the outputs it asks for), so it
-imports nothing of Triton's. A batch of the plain path (an embedder, classifier, reranker, sparse or hybrid model)
-goes in three steps, so that the next chunk is tokenized while the engine runs this one (gpu_turns.py):
-`prepare` (tokenize), `launch` (the engine; asynchronous where the engine can be) and `finish` (each request's rows).
-Late chunks and a multi-vector model's sides run whole in `answer_other`.
+imports nothing of Triton's. A batch of the plain path (an embedder, classifier, reranker, sparse, hybrid or
+multi-vector model, the last one side at a time) goes in three steps, so that the next chunk is tokenized while the
+engine runs this one (gpu_turns.py): `prepare` (tokenize), `launch` (the engine; asynchronous where the engine can
+be) and `finish` (each request's rows). Late chunks and a static sparse model's queries run whole in `answer_other`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from .engines import Engine
 from .gpu_turns import GpuTurns
 from .hybrid_output import HybridOutput
 from .late_chunking import LateChunking, chunk_size
-from .multi_vector_output import MultiVectorSides, vector_outputs
+from .multi_vector_output import MultiVectorSides, kept_counts, vector_outputs
 from .prompts import Prompts
 from .sparse_output import SparseOutput
 from .static_query import StaticQuery, asks_for_queries
@@ -83,8 +83,9 @@ class Prepared:
     parts: list
     ids: np.ndarray
     lengths: np.ndarray
-    types: np.ndarray | None
+    types: np.ndarray | None  # a pair model's token types; a multi-vector model's attended flags
     wanted: frozenset[str] | None
+    kept: np.ndarray | None = None  # a multi-vector model's tokens that keep a vector (None: every one)
     pending: Callable[[], object] | None = None  # from launch(): waits for the engine's rows
     computed_tokens: int = 0
     rows: object = None
@@ -131,32 +132,45 @@ class StageCore:
             return answers
         plain, others = self.split(requests)
         answers: list = [None] * len(requests)
-        if plain:
-            chosen = [requests[i] for i in plain]
-            results = self._in_turns(chosen, turns) if turns is not None else self._at_once(chosen)
-            for index, result in zip(plain, results, strict=True):
+        for side, indices in self._engine_calls(requests, plain, answers).items():
+            chosen = [requests[i] for i in indices]
+            results = self._in_turns(chosen, turns, side) if turns is not None else self._at_once(chosen, side)
+            for index, result in zip(indices, results, strict=True):
                 answers[index] = result
         for index, result in zip(others, self.answer_other([requests[i] for i in others]), strict=True):
             answers[index] = result
         return answers
 
-    def _at_once(self, requests: list[HeldRequest]) -> list[Answer]:
-        prepared = self.prepare(requests)
+    def _engine_calls(self, requests: list[HeldRequest], plain: list[int], answers: list) -> dict[str | None, list]:
+        """The plain path's requests by the engine calls they share: all together, or a multi-vector model's by
+        side (a request naming a side the model has not is refused into `answers`)."""
+        if self.sides is None:
+            return {None: plain} if plain else {}
+        by_side: dict[str | None, list[int]] = {}
+        for index in plain:
+            try:
+                by_side.setdefault(self.sides.side(requests[index].parameters()), []).append(index)
+            except ValueError as exc:
+                answers[index] = str(exc)
+        return by_side
+
+    def _at_once(self, requests: list[HeldRequest], side: str | None = None) -> list[Answer]:
+        prepared = self.prepare(requests, side)
         self.launch(prepared)
         return self.finish(prepared)
 
-    def _in_turns(self, requests: list[HeldRequest], turns: GpuTurns) -> list[Answer]:
+    def _in_turns(self, requests: list[HeldRequest], turns: GpuTurns, side: str | None = None) -> list[Answer]:
         """Chunk after chunk; a request whose deadline passes while the chunks before it run is refused unrun."""
         turns.begin(requests)
         try:
             chunks = turns.chunks(requests)
             results: list[Answer] = []
-            prepared = self._prepare_in_time(chunks[0])
+            prepared = self._prepare_in_time(chunks[0], side)
             for following in [*chunks[1:], None]:
                 turns.before_launch()
                 try:
                     self.launch(prepared)
-                    upcoming = self._prepare_in_time(following) if following is not None else None
+                    upcoming = self._prepare_in_time(following, side) if following is not None else None
                     prepared.collect()
                 finally:
                     turns.after_collect()
@@ -168,17 +182,16 @@ class StageCore:
         finally:
             turns.end()
 
-    def _prepare_in_time(self, chunk: list[HeldRequest]) -> Prepared:
+    def _prepare_in_time(self, chunk: list[HeldRequest], side: str | None) -> Prepared:
         """The chunk's requests tokenized, but for those whose deadline has passed (Prepared.late)."""
         late = frozenset(id(request) for request in chunk if expired(request))
-        prepared = self.prepare([request for request in chunk if id(request) not in late])
+        prepared = self.prepare([request for request in chunk if id(request) not in late], side)
         prepared.chunk, prepared.late = chunk, late
         return prepared
 
     def split(self, requests: list[HeldRequest]) -> tuple[list[int], list[int]]:
-        """The indices of the plain path's requests, and of those answer_other takes (late chunks, multi-vector)."""
-        if self.sides is not None:
-            return [], list(range(len(requests)))
+        """The indices of the plain path's requests, and of those answer_other takes (late chunks, a static sparse
+        model's queries)."""
         if self.late is None and self.static_query is None:
             return list(range(len(requests))), []
         plain, others = [], []
@@ -197,7 +210,12 @@ class StageCore:
         return chunk_size(parameters) is not None
 
     # --- the plain path in three steps ------------------------------------------------------------------------
-    def prepare(self, requests: list[HeldRequest]) -> Prepared:
+    def prepare(self, requests: list[HeldRequest], side: str | None = None) -> Prepared:
+        """The requests tokenized (a multi-vector model's as `side` asks: multi_vector_output.py)."""
+        if self.sides is not None:
+            texts, parts = self.text.gather([request.text for request in requests])
+            ids, lengths, attended, kept = self.sides.encode(texts, side)
+            return Prepared(requests, parts, ids, lengths, attended, None, None if kept.all() else kept)
         texts_in = [request.text for request in requests]
         queries_in = [request.query for request in requests] if self.pairs else None
         parts, ids, lengths, types = self.text.tokenize(texts_in, queries_in, self.prompts.of(requests))
@@ -208,7 +226,9 @@ class StageCore:
         if not len(prepared.lengths):
             prepared.pending = lambda: None
             return
-        prepared.pending = self.engine.submit(prepared.ids, prepared.lengths, prepared.types, prepared.wanted)
+        prepared.pending = self.engine.submit(
+            prepared.ids, prepared.lengths, prepared.types, prepared.wanted, prepared.kept
+        )
         prepared.computed_tokens = self.engine.computed_tokens
 
     def finish(self, prepared: Prepared) -> list[Answer]:
@@ -219,13 +239,19 @@ class StageCore:
             outputs = scores_and_labels(outputs, self.labels)
         tokens = lengths.astype(np.int32).reshape(-1, 1)
         token_ends = np.concatenate([[0], np.cumsum(lengths)])
+        if self.sides is not None:  # the engine's rows are the kept tokens', text after text
+            counts = lengths if prepared.kept is None else kept_counts(lengths, prepared.kept)
+            row_ends = np.concatenate([[0], np.cumsum(counts)])
         answers: list[Answer] = []
         for request, part in zip(prepared.requests, prepared.parts, strict=True):
             if isinstance(part, str):
                 answers.append(part)
                 continue
             try:
-                if self.hybrid is not None:
+                if self.sides is not None:
+                    rows = outputs[row_ends[part.start] : row_ends[part.stop]]
+                    out = vector_outputs(rows, counts[part], request.asked)
+                elif self.hybrid is not None:
                     own_tokens = slice(token_ends[part.start], token_ends[part.stop])
                     out = self.hybrid.tensors(outputs, ids, lengths, part, own_tokens, request)
                 elif self.sparse is not None:
@@ -247,8 +273,6 @@ class StageCore:
     def answer_other(self, requests: list[HeldRequest]) -> list[Answer]:
         if not requests:
             return []
-        if self.sides is not None:
-            return self._multi_vector(requests)
         if self.static_query is not None:
             return self._static_queries(requests)
         answers: list = [None] * len(requests)
@@ -302,31 +326,6 @@ class StageCore:
                 continue
             outputs[TOKENS_OUTPUT] = lengths[part].reshape(-1, 1)
             answers.append(outputs)
-        return answers
-
-    def _multi_vector(self, requests: list[HeldRequest]) -> list[Answer]:
-        """A multi-vector model's batch: the requests of each side (their parameter input_type) tokenized and run
-        together, each answered with its texts' kept token vectors."""
-        answers: list = [None] * len(requests)
-        by_side: dict[str, list[int]] = {}
-        for index, request in enumerate(requests):
-            try:
-                by_side.setdefault(self.sides.side(request.parameters()), []).append(index)
-            except ValueError as exc:
-                answers[index] = str(exc)
-        for side, indices in by_side.items():
-            texts, parts = self.text.gather([requests[index].text for index in indices])
-            vectors, lengths, counts = self.sides.vectors(self.engine, texts, side)
-            self.record(len(indices), lengths, self.engine.computed_tokens)
-            row_ends = np.concatenate([[0], np.cumsum(counts)])
-            for index, part in zip(indices, parts, strict=True):
-                if isinstance(part, str):
-                    answers[index] = part
-                    continue
-                rows = vectors[row_ends[part.start] : row_ends[part.stop]]
-                outputs = vector_outputs(rows, counts[part], requests[index].asked)
-                outputs[TOKENS_OUTPUT] = lengths[part].astype(np.int32).reshape(-1, 1)
-                answers[index] = outputs
         return answers
 
 

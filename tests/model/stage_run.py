@@ -17,7 +17,8 @@ from model_repository.stages.text_input import TextInput
 ENGINES = {"onnxruntime_cpu": {"threads": "2"}, "torch": {"precision": "fp32"}}
 
 
-def stage(export_dir: Path, kind: str = "onnxruntime_cpu") -> StageCore:
+def stage(export_dir: Path, kind: str = "onnxruntime_cpu", engine=None) -> StageCore:
+    """The export's stage core on the engine `kind` (loaded with ENGINES' options), or on `engine` as it is."""
     spec = ServingSpec.load(export_dir)
     params = {
         "max_tokens": str(spec.max_tokens),
@@ -26,7 +27,7 @@ def stage(export_dir: Path, kind: str = "onnxruntime_cpu") -> StageCore:
         SPARSE_TOP_K: "0",
         SPARSE_THRESHOLD: "0",
     }
-    engine = load_engine(kind, export_dir, "cpu", ENGINES[kind])
+    engine = engine or load_engine(kind, export_dir, "cpu", ENGINES[kind])
     return StageCore(TextInput(export_dir, params, 1), engine, params, export_dir, lambda *_: None)
 
 

@@ -19,13 +19,16 @@ import numpy as np
 import pytest
 
 from common.contract import PROJECTION_FILE, TOKEN_COUNTS, TOKEN_VECTORS, TOKEN_VECTORS_FP32
+from common.gpu_board import GpuBoard
 from export.__main__ import export
 from export.onnx_export import VALIDATION_SENTENCES
 from model_repository.stages.engines import load_engine
 from model_repository.stages.engines.torch_layout import key_lengths
+from model_repository.stages.gpu_turns import GpuTurns
 from model_repository.stages.multi_vector_output import MultiVectorSides, kept_counts, vector_outputs
 from protocol.multi_vector import token_vectors
 from tests.checkpoints import MAX_TOKENS, make_multi_vector_checkpoint
+from tests.model import stage_run
 from tests.model.test_engine_torch import ROOT, _variant_id, gpu
 from tests.model.test_stage_execute import Request, assert_served_as_alone, loaded_stage
 
@@ -93,26 +96,34 @@ def _spec(multi_vector: MultiVector) -> dict:
 
 
 def _served(multi_vector: MultiVector, texts: list[str], side: str, engine=None) -> list[np.ndarray]:
-    """Each text's kept token vectors from the engine (default: onnxruntime_cpu's)."""
-    sides = MultiVectorSides(multi_vector.export_dir / "tokenizer.json", _spec(multi_vector))
-    engine = engine or load_engine("onnxruntime_cpu", multi_vector.export_dir, options={"threads": "2"})
-    rows, _, counts = sides.vectors(engine, texts, side)
-    return token_vectors(vector_outputs(rows, counts, ASK_FP32))
+    """Each text's kept token vectors as the stage core answers one request of them (default engine:
+    onnxruntime_cpu's), in fp32."""
+    core = stage_run.stage(multi_vector.export_dir, engine=engine)
+    return token_vectors(stage_run.served(core, texts, {"input_type": side}, asked=ASK_FP32))
 
 
 @pytest.mark.parametrize("side", ["query", "document"])
-def test_the_multi_vector_bench_times_the_stage_s_own_answer(multi_vector, side):
+def test_the_multi_vector_bench_times_the_stage_s_own_answer(multi_vector, settings, side, tmp_path):
     """bench.multi_vector_bench's call is a request's answer as the stage builds it: each text's kept vectors in fp16
-    (it once called an old signature, and failed only on the GPU machine)."""
-    from bench.multi_vector_bench import served_call
+    (it once called an old signature, and failed only on the GPU machine); in turns, its first request's."""
+    from bench.multi_vector_bench import served_call, stage_core
 
-    sides = MultiVectorSides(multi_vector.export_dir / "tokenizer.json", _spec(multi_vector))
     engine = load_engine("onnxruntime_cpu", multi_vector.export_dir, options={"threads": "2"})
+    core = stage_core(multi_vector.export_dir, engine, settings)
     texts = QUERIES if side == "query" else documents()[:5]
-    answer = served_call(engine, sides, side)(texts)
-    assert answer[TOKEN_VECTORS].dtype == np.float16
-    for got, want in zip(token_vectors(answer), _served(multi_vector, texts, side, engine), strict=True):
-        np.testing.assert_array_equal(got, want.astype(np.float16))
+    board = GpuBoard(tmp_path / "board")
+    try:
+        answers = [served_call(core, side)(texts), served_call(core, side, GpuTurns(board, 0, False, 2, 0, 0.0))(texts)]
+    finally:
+        board.close()
+    for answer, want in zip(
+        answers,
+        [_served(multi_vector, texts, side, engine), _served(multi_vector, texts[:2], side, engine)],
+        strict=True,
+    ):
+        assert answer[TOKEN_VECTORS].dtype == np.float16
+        for got, row in zip(token_vectors(answer), want, strict=True):
+            np.testing.assert_array_equal(got, row.astype(np.float16))
 
 
 @pytest.mark.parametrize("kind", ["onnxruntime_cpu", "torch"])
@@ -200,6 +211,36 @@ def test_one_execute_runs_each_sides_requests_together_as_each_alone(multi_vecto
     stage.finalize()
     assert "input_type" in together[2].error.message and not together[2].outputs
     assert_served_as_alone(together[:2] + together[3:], alone[:2] + alone[3:], 1e-5 if kind == "torch" else 0.0)
+
+
+def test_a_batch_in_turns_runs_each_sides_chunks_as_each_request_alone(multi_vector, monkeypatch, tmp_path):
+    """Beside a query lane (gpu_turns.py) a batch holding ingestion runs in chunks of whole requests, the next one
+    tokenized while the engine runs this one: a multi-vector model's too, each side in its own chunks, the refused
+    request refused, and each request answered as it is alone."""
+    core = stage_run.stage(multi_vector.export_dir)
+    requests = [
+        stage_run.request(QUERIES[:2], {"input_type": "query"}),
+        stage_run.request(documents()[:3]),
+        stage_run.request(["a passage"], {"input_type": "passage"}),
+        stage_run.request(QUERIES[2:], {"input_type": "query"}),
+        stage_run.request(documents()[3:5], {"input_type": "document"}),
+    ]
+    runs, forward = [], core.engine.forward_packed
+    monkeypatch.setattr(
+        core.engine, "forward_packed", lambda *args, **kw: runs.append(len(args[1])) or forward(*args, **kw)
+    )
+    board = GpuBoard(tmp_path / "board")
+    try:
+        together = core.answer(requests, GpuTurns(board, 0, False, 2, 0, 0.0))
+    finally:
+        board.close()
+    assert runs == [2, 2, 3, 2], "chunks of at most 2 texts, whole requests: the queries', then the documents'"
+    alone = [core.answer([held])[0] for held in requests]
+    assert "input_type" in together[2] and together[2] == alone[2]
+    for shared, single in zip(together[:2] + together[3:], alone[:2] + alone[3:], strict=True):
+        assert shared.keys() == single.keys()
+        for name, array in shared.items():
+            np.testing.assert_array_equal(array, single[name])
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -40,10 +40,11 @@ class Engine(ABC):
                        wanted: frozenset[str] | None = None, kept: np.ndarray | None = None): ...  # fmt: skip
 
     def submit(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None,
-               wanted: frozenset[str] | None = None) -> Callable[[], object]:  # fmt: skip
+               wanted: frozenset[str] | None = None,
+               kept: np.ndarray | None = None) -> Callable[[], object]:  # fmt: skip
         """forward_packed begun: a callable that returns its outputs. An engine that can run a batch while its caller
         prepares the next one (torch on a GPU) returns before the batch is done; this one computes it at once."""
-        outputs = self.forward_packed(ids, lengths, types, wanted)
+        outputs = self.forward_packed(ids, lengths, types, wanted, kept)
         return lambda: outputs
 
     def pool_spans(self, ids: np.ndarray, lengths: np.ndarray, bounds: np.ndarray) -> np.ndarray:

@@ -343,14 +343,14 @@ class TorchEngine(KernelCheck, Engine):
         return key_view(dev, tokens, seqs, self.tile_block) if self.multi_vector else None
 
     def submit(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None,
-               wanted: frozenset[str] | None = None):  # fmt: skip
-        """Engine.submit: on a GPU, an embedder's, classifier's or reranker's batch is launched and its rows are
-        copied out asynchronously; the callable waits for them. The rest computes at once."""
+               wanted: frozenset[str] | None = None, kept: np.ndarray | None = None):  # fmt: skip
+        """Engine.submit: on a GPU, an embedder's, classifier's, reranker's or multi-vector model's batch is launched
+        and its rows are copied out asynchronously; the callable waits for them. The rest computes at once."""
         if not self.is_cuda or self.sparse or self.hybrid:
-            return super().submit(ids, lengths, types, wanted)
+            return super().submit(ids, lengths, types, wanted, kept)
         self._launch_only = True
         try:
-            return self.forward_packed(ids, lengths, types, wanted)
+            return self.forward_packed(ids, lengths, types, wanted, kept)
         finally:
             self._launch_only = False
 
