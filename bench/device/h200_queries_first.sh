@@ -3,7 +3,7 @@
 # each a plain copy of a commit with its own export, e.g. `git archive 6545040 | tar -x -C .trees/main`, carried).
 # The engine alone first (its own figure beside the served ones), then per tree, with that tree's own benchmarks:
 # - PART=queries: bench.api_cost, one text a request, direct gRPC and /v1/embeddings (base64) at CONCURRENCY: a load
-#   of queries only, sent by each of GENERATORS (perf_analyzer: one process; python: the harness);
+#   of queries only, sent by each of GENERATORS (perf_analyzer: one process, PA_THREADS threads; python: the harness);
 # - PART=shapes: bench.e2e_bench (perf_analyzer, unary gRPC) at E2E_SHAPES (texts x concurrency);
 # - PART=priority: bench.priority_bench: one-text queries at 50/s alone and beside SHAPES of ingestion
 #   (clients x texts), then 1,000 requests with a 5 ms budget beside the first shape.
@@ -38,8 +38,11 @@ for pair in $TREES; do
   echo "== $name ($folder) ${!set_var:-}"
   (cd "$folder" && python3 -m model_repository.generate --settings "$SETTINGS" "${flags[@]}" > /dev/null)
   if [ "$PART" = queries ]; then
-    for generator in ${GENERATORS:-perf_analyzer}; do  # perf_analyzer: 1 process; python: the harness's PY_PROCESSES
-      processes=1
+    # perf_analyzer: one process of PA_THREADS threads (16, its own default, as issue 45's figures ran it: with 1
+    # thread its OpenAI mode used about 1.2 cores at 14k req/s, docs/results/h100/landing-2026-12-05-c);
+    # python: the harness's PY_PROCESSES processes.
+    for generator in ${GENERATORS:-perf_analyzer}; do
+      processes=${PA_THREADS:-16}
       [ "$generator" = python ] && processes=${PY_PROCESSES:-4}
       echo "-- $generator"
       (cd "$folder" && python3 -m bench.api_cost --settings "$SETTINGS" "${flags[@]}" --generator "$generator" \
