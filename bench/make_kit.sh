@@ -26,6 +26,9 @@
 #   KIT_DIR   output folder [<repo>/.kit]
 #   KIT_PY    target CPython version [3.12]; 3.11 builds a kit testable with the local venv
 #   BUILD_PY  python with nvidia-pytriton 0.7.0 and pip [<repo>/.venv/bin/python3]
+#   KIT_WHEELS  full | serving [full]: serving keeps the wheels device_env.sh and the serving benchmarks import
+#               (no Locust, OpenTelemetry, py-spy, pytest): about 6 MB less, so that the kit fits beside the tree
+#               and a copy of another commit in a device call's 64 MiB
 #   XZ_OPT_KIT  xz options [-T2 --x86 --lzma2=preset=9e], i.e. `xz -9e -T2` with the x86
 #               BCJ filter in front (about 5-8% smaller on these binaries; any xz/liblzma
 #               decoder, including Python's lzma module, reads it)
@@ -112,6 +115,10 @@ PURE_WHEELS=(
     zipp==4.1.2
     typing-extensions==4.16.0
 )
+# KIT_WHEELS=serving: these only (distribution names as their wheel files spell them, lowercased).
+SERVING_WHEELS=(numpy grpcio protobuf python_rapidjson gevent greenlet zope.interface zope.event geventhttpclient
+    brotli psutil charset_normalizer orjson tritonclient urllib3 packaging certifi requests idna typing_extensions
+    nvidia_ml_py h11)
 MANYLINUX_PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64)
 
 log() { printf 'make_kit: %s\n' "$*" >&2; }
@@ -273,6 +280,14 @@ for whl in sorted(src.glob("*.whl")):
             new.compress_type = zipfile.ZIP_STORED
             zout.writestr(new, zin.read(info))
 EOF
+if [[ ${KIT_WHEELS:-full} == serving ]]; then
+    for whl in "$W"/*.whl; do
+        name=$(basename "$whl")
+        name=${name%%-*}
+        [[ " ${SERVING_WHEELS[*]} " == *" ${name,,} "* ]] || rm "$whl"
+    done
+    [[ $(find "$W" -name '*.whl' | wc -l) -eq ${#SERVING_WHEELS[@]} ]] || die "a serving wheel is missing"
+fi
 log "packing wheels.tar.xz"
 pack "$WORK/wheels-root" "$KIT_DIR/wheels.tar.xz"
 
