@@ -164,10 +164,10 @@ def main(argv: list[str] | None = None) -> int:
         report = export(f"random-init:{args.shape}", "multi_vector", max_tokens, folder, settings.engine.onnx_opset,
                         settings.engine.onnx_tolerance, args.tokenizer, onnx=args.device == "cpu")  # fmt: skip
         raw_spec = json.loads((folder / "serving.json").read_text())["multi_vector"]
-        spec = MultiVectorSpec.from_dict(raw_spec)
+        sides = MultiVectorSides(folder / "tokenizer.json", raw_spec)
         record |= {"export_s": report["seconds"], "multi_vector": raw_spec, "sides": {}}
         for side in sides_run:
-            _, lengths, _, kept = MultiVectorSides(folder / "tokenizer.json", raw_spec).encode(texts, side)
+            _, lengths, _, kept = sides.encode(texts, side)
             record["sides"][side] = {
                 "mean_tokens": float(lengths.mean()),
                 "kept_tokens": int(kept.sum()),
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         names = runner_names(args.device) + (["torch in turns"] if args.device == "cuda" else [])
         board = GpuBoard(Path(work) / "board")  # the turns' own: no lane holds queries on it
         for name in names:
-            build = partial(reference_encoder, folder, spec, max_tokens, args.device)
+            build = partial(reference_encoder, folder, sides.spec, max_tokens, args.device)
             model = load_runner(name.split()[0], build, folder, args.device, options)
             core = None if name == "sentence_transformers" else stage_core(folder, model, settings)
             memory.loaded()
