@@ -133,9 +133,9 @@ def with_zero_row(qkv: torch.Tensor) -> torch.Tensor:
 
 
 def grid_attention(padded, gather, real, heads: int, scale: float, bias, window: int) -> torch.Tensor:
-    """softmax(Q K^T * scale + bias) V of the packed rows gathered into a padded grid (padded: with_zero_row of
-    the packed QKV; gather: the row of each slot; real: which slots are keys): [rows * width, hidden], padding
-    slots included."""
+    """softmax(Q K^T * scale + bias) V of the packed rows gathered into a padded grid (padded: the packed QKV,
+    or its with_zero_row; gather: the row of each slot; real: which slots are keys): [rows * width, hidden],
+    padding slots included."""
     rows, width = real.shape
     hidden = padded.shape[1] // 3
     grid = padded.index_select(0, gather).view(rows, width, 3, heads, hidden // heads)

@@ -102,16 +102,17 @@ def key_view(dev: torch.Tensor, tokens: int, seqs: int, block_m: int) -> torch.T
 
 def cpu_chunks(lens: np.ndarray) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """(gather, real, targets) per chunk of the length-sorted batch (padding.plan_chunks): the packed row each
-    grid slot reads (padding slots read the zero row past the end), which slots are real, and the packed
-    rows the real slots' results go to."""
-    starts, total = np.cumsum(lens) - lens, int(lens.sum())
+    grid slot reads, which slots are real, and the packed rows the real slots' results go to. A padding slot
+    reads its sequence's first token: it is no key, and its own result is dropped, so it needs no zero row (a
+    copy of the whole projection per layer)."""
+    starts = np.cumsum(lens) - lens
     order = np.argsort(lens, kind="stable")
     chunks = []
     for start, stop in plan_chunks(lens[order]):
         rows = order[start:stop]
         positions = np.arange(int(lens[rows].max()))
         real = positions[None, :] < lens[rows][:, None]
-        gather = np.where(real, starts[rows][:, None] + positions[None, :], total)
+        gather = starts[rows][:, None] + np.where(real, positions[None, :], 0)
         chunks.append(tuple(torch.from_numpy(a) for a in (gather.reshape(-1), real, gather[real])))
     return chunks
 

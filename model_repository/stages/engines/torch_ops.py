@@ -211,11 +211,11 @@ class TorchOps:
 
             return varlen_attn(q, k, v, cu, cu, longest, longest, scale=scale).reshape(t, hidden)
         if isinstance(batch.tiles, list):  # the CPU: a grid per chunk of sequences of similar lengths
-            out, padded = torch.empty((t, hidden), dtype=qkv.dtype), with_zero_row(qkv)
+            out = torch.empty((t, hidden), dtype=qkv.dtype)
             key_slots = None if batch.keys is None else batch.key_slots()
             for gather, real, targets in batch.tiles:
-                keys = real if key_slots is None else key_slots.index_select(0, gather).view(real.shape)
-                o = grid_attention(padded, gather, keys, heads, scale, bias, window)
+                keys = real if key_slots is None else key_slots.index_select(0, gather).view(real.shape) & real
+                o = grid_attention(qkv, gather, keys, heads, scale, bias, window)
                 out.index_copy_(0, targets, o[real.reshape(-1)])
             return out
         # One grid [n_seqs + 1, max_len] for the whole batch (the extra row takes a bucket's tail tokens).
