@@ -269,7 +269,7 @@ class StageCore:
             answers.append(out)
         return answers
 
-    # --- late chunks and multi-vector sides -------------------------------------------------------------------
+    # --- late chunks and a static sparse model's queries ------------------------------------------------------
     def answer_other(self, requests: list[HeldRequest]) -> list[Answer]:
         if not requests:
             return []
