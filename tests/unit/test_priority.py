@@ -134,6 +134,25 @@ def test_a_request_whose_budget_runs_out_in_the_queue_is_never_sent():
     assert link.rows == 1  # the first request's row only
 
 
+def test_a_request_stops_waiting_at_its_own_deadline_while_its_call_runs_on():
+    async def run():
+        link = SlowLink(0.3)
+        coalescer = Coalescer(link, "m", ["embedding"], 256, 1 << 20, 1, 0.0)
+        started = time.perf_counter()
+        in_call = asyncio.create_task(coalescer.infer({"TEXT": [b"a"]}, deadline=started + 0.05))
+        await asyncio.sleep(0)  # its call is sent; the next request queues behind it
+        queued = asyncio.create_task(coalescer.infer({"TEXT": [b"b"]}, deadline=started + 5.0))
+        with pytest.raises(TimedOut):
+            await in_call
+        waited = time.perf_counter() - started
+        return link, waited, await queued
+
+    link, waited, answer = asyncio.run(run())
+    assert waited < 0.2  # at its own deadline, not when its call ends (0.3 s)
+    assert len(answer["embedding"]) == 1  # the request behind it still gets its own call and answer
+    assert link.rows == 2
+
+
 def test_a_spent_budget_is_refused_before_any_call_and_a_call_carries_the_remaining_budget():
     async def run():
         link = SlowLink(0.0)
