@@ -119,7 +119,7 @@ class Coalescer:
         self._dispatch()
         # A timer of the loop's own, not asyncio.wait_for: every request has a deadline (api.timeout_s at least),
         # and wait_for's extra future and callbacks cost about 6 us a request against the timer's 2.
-        timer = None if deadline is None else request.answer.get_loop().call_later(
+        timer = None if deadline is None else asyncio.get_running_loop().call_later(
             deadline - time.perf_counter(), self._expire, request
         )  # fmt: skip
         try:
@@ -165,7 +165,7 @@ class Coalescer:
         batch, rows, size = [], 0, 0
         while self._queue:
             request = self._queue[0]
-            if request.answer.done():  # its budget ran out as it was being removed
+            if request.answer.done():  # its client went away: cancelled now, it leaves the queue a loop step later
                 self._queue.popleft()
                 self._queued_rows -= request.rows
                 continue
