@@ -21,6 +21,7 @@ import numpy as np
 from common.contract import BUDGET_EXPIRED, DEADLINE_PARAMETER, QUERY_INPUT, SCORE_OUTPUT, TEXT_INPUT, TOKENS_OUTPUT
 
 from .classification import label_array, scores_and_labels
+from .deadlines import Pace, expired
 from .engines import Engine
 from .gpu_turns import GpuTurns
 from .hybrid_output import HybridOutput
@@ -118,12 +119,14 @@ class StageCore:
         self.late = LateChunking(*text.special_tokens()) if spec.task == "embedding" else None
         multi = spec.task == "multi_vector"
         self.sides = MultiVectorSides(version_dir / "tokenizer.json", spec.multi_vector) if multi else None
+        self.pace = Pace()  # how soon a chunk in turns can finish, for deadlines (deadlines.py)
 
     # --- the whole batch at once (the unary model) -----------------------------------------------------------
     def answer(self, requests: list[HeldRequest], turns: GpuTurns | None = None) -> list[Answer]:
         """Each request's answer; with `turns` (gpu_turns.py) the plain path runs in chunks, each launched in its
         turn on the GPU, the next tokenized while this one computes."""
-        late = {index for index, request in enumerate(requests) if expired(request)}
+        now = time.monotonic()
+        late = {index for index, request in enumerate(requests) if expired(request.deadline, now)}
         if late:  # their budget ran out in Triton's queue: refused unrun
             live = [index for index in range(len(requests)) if index not in late]
             answers = [f"{BUDGET_EXPIRED} before the stage took it"] * len(requests)
@@ -160,7 +163,8 @@ class StageCore:
         return self.finish(prepared)
 
     def _in_turns(self, requests: list[HeldRequest], turns: GpuTurns, side: str | None = None) -> list[Answer]:
-        """Chunk after chunk; a request whose deadline passes while the chunks before it run is refused unrun."""
+        """Chunk after chunk; a request whose deadline passes before its chunk can finish (while the chunks before it
+        run, or its chunk waits its turn) is refused unrun."""
         turns.begin(requests)
         try:
             chunks = turns.chunks(requests)
@@ -168,14 +172,17 @@ class StageCore:
             prepared = self._prepare_in_time(chunks[0], side)
             for following in [*chunks[1:], None]:
                 turns.before_launch()
+                prepared = self._in_time_for_its_turn(prepared, side)
+                started = time.monotonic()
                 try:
                     self.launch(prepared)
                     upcoming = self._prepare_in_time(following, side) if following is not None else None
                     prepared.collect()
                 finally:
                     turns.after_collect()
+                self.pace.observe(len(prepared.lengths), time.monotonic() - started)
                 answered = iter(self.finish(prepared))
-                late = f"{BUDGET_EXPIRED} while the batch before it ran"
+                late = f"{BUDGET_EXPIRED}: its chunk could not finish before its deadline"
                 results += [late if id(request) in prepared.late else next(answered) for request in prepared.chunk]
                 prepared = upcoming
             return results
@@ -183,10 +190,20 @@ class StageCore:
             turns.end()
 
     def _prepare_in_time(self, chunk: list[HeldRequest], side: str | None) -> Prepared:
-        """The chunk's requests tokenized, but for those whose deadline has passed (Prepared.late)."""
-        late = frozenset(id(request) for request in chunk if expired(request))
+        """The chunk's requests tokenized, but for those whose deadline passes before the chunk can finish at the
+        stub's best recent pace (Prepared.late)."""
+        by = time.monotonic() + self.pace.soonest_s(sum(request.rows for request in chunk))
+        late = frozenset(id(request) for request in chunk if expired(request.deadline, by))
         prepared = self.prepare([request for request in chunk if id(request) not in late], side)
         prepared.chunk, prepared.late = chunk, late
+        return prepared
+
+    def _in_time_for_its_turn(self, prepared: Prepared, side: str | None) -> Prepared:
+        """Once the chunk's turn has come: tokenized again without the requests it would now finish too late for.
+        Only under deadline pressure; otherwise one look at each request's deadline."""
+        by = time.monotonic() + self.pace.soonest_s(len(prepared.lengths))
+        if any(expired(request.deadline, by) for request in prepared.requests):
+            return self._prepare_in_time(prepared.chunk, side)
         return prepared
 
     def split(self, requests: list[HeldRequest]) -> tuple[list[int], list[int]]:
@@ -327,7 +344,3 @@ class StageCore:
             outputs[TOKENS_OUTPUT] = lengths[part].reshape(-1, 1)
             answers.append(outputs)
         return answers
-
-
-def expired(request: HeldRequest, now: float | None = None) -> bool:
-    return bool(request.deadline) and request.deadline <= (time.monotonic() if now is None else now)

@@ -112,18 +112,25 @@ def test_the_lane_marks_its_queries_and_a_dead_stubs_marks_are_forgotten(board_p
     assert reader.count(QUERYING, 0) == 0
 
 
-def test_a_request_whose_deadline_passes_while_the_chunks_before_it_run_is_refused_unrun(core, board_path, sentences):
+def test_a_request_whose_deadline_passes_before_its_chunk_runs_is_refused_unrun(core, board_path, sentences):
+    """In the first chunk, tokenized in time, its deadline passes while the chunk waits its turn; in the second, while
+    the first one waits and runs. Neither runs; the others are served."""
     turns = GpuTurns(GpuBoard(board_path), 0, lane=False, chunk_texts=3, on_gpu=0, yield_s=0.5)
     holder = hold_query(board_path, 0.3)  # the first chunk waits its turn behind a held query, the second after it
+    runs = []
+    record = core.record
+    core.record = lambda count, lengths, computed=None: runs.append(len(lengths))
     try:
         soon = time.monotonic() + 0.15
         requests = [request(sentences[:2]), request(sentences[2:3]), request(sentences[3:5]), request(sentences[5:6])]
-        requests[1].deadline = soon  # in the first chunk (2 + 1 texts), tokenized in time
-        requests[2].deadline = soon  # in the second, tokenized once the first has waited out the query
+        requests[1].deadline = soon  # chunk 1: 2 + 1 texts
+        requests[2].deadline = soon  # chunk 2: 2 + 1 texts
         answers = core.answer(requests, turns)
     finally:
+        core.record = record
         holder.kill()
         holder.wait()
-    assert [isinstance(answer, str) for answer in answers] == [False, False, True, False]
-    assert "time budget ran out" in answers[2]
-    assert answers[3]["embedding"].shape[0] == 1
+    assert [isinstance(answer, str) for answer in answers] == [False, True, True, False]
+    assert all("time budget ran out" in answer for answer in answers[1:3])
+    assert answers[0]["embedding"].shape[0] == 2 and answers[3]["embedding"].shape[0] == 1
+    assert runs == [2, 1], "the engine ran the texts of the requests still in time only"

@@ -1,5 +1,6 @@
-"""A request whose deadline (the API front's parameter deadline_ns, CLOCK_MONOTONIC) passed while it queued is
-refused unrun by the stage, with the words the fronts read as a timeout; the batch's others are served."""
+"""A request whose deadline (the API front's parameter deadline_ns, CLOCK_MONOTONIC) passed while it queued, or, in
+turns on a GPU, will pass before its chunk can finish at the stub's best recent pace (stages/deadlines.py), is refused
+unrun by the stage, with the words the fronts read as a timeout; the batch's others are served."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ import numpy as np
 import pytest
 
 from common.contract import BUDGET_EXPIRED, DEADLINE_PARAMETER
+from common.gpu_board import GpuBoard
+from model_repository.stages.deadlines import Pace
+from model_repository.stages.gpu_turns import GpuTurns
 from model_repository.stages.stage_core import held
-from tests.model.stage_run import stage
+from tests.model.stage_run import request, stage
 
 
 class Request:
@@ -59,3 +63,36 @@ def test_a_request_past_its_deadline_is_refused_unrun_and_the_others_are_served(
     assert isinstance(late, str) and BUDGET_EXPIRED in late
     assert roomy["embedding"].shape[0] == 2 and plain["embedding"].shape[0] == 1
     assert runs == [3], "the engine ran the two requests with room, 3 texts, and nothing of the late one"
+
+
+def test_a_request_whose_chunk_cannot_finish_before_its_deadline_is_refused_unrun(core, sentences, tmp_path):
+    turns = GpuTurns(GpuBoard(tmp_path / "board"), 0, lane=False, chunk_texts=128, on_gpu=0, yield_s=0.5)
+    slow = Pace()
+    slow.observe(texts=1, seconds=10.0)  # a slow engine: the chunk below, 4 texts, takes 40 s at the soonest
+    slow.observe(texts=2, seconds=30.0)  # a slower chunk does not raise the estimate
+    requests = [request(sentences[:1]), request(sentences[1:3]), request(sentences[3:4])]
+    requests[0].deadline = time.monotonic() + 5
+    requests[1].deadline = time.monotonic() + 60
+    runs = []
+    record, pace = core.record, core.pace
+    core.record, core.pace = (lambda count, lengths, computed=None: runs.append(len(lengths))), slow
+    try:
+        hopeless, roomy, plain = core.answer(requests, turns)
+    finally:
+        core.record, core.pace = record, pace
+    assert isinstance(hopeless, str) and hopeless.startswith(BUDGET_EXPIRED) and "could not finish" in hopeless
+    assert roomy["embedding"].shape[0] == 2 and plain["embedding"].shape[0] == 1
+    assert runs == [3], "the engine ran the 3 texts that can be answered in time"
+    assert slow.soonest_s(1) < 10.0, "the chunk that ran taught the stub its pace"
+
+
+def test_the_pace_is_the_fastest_of_the_recent_chunks_only():
+    pace = Pace(window=2)
+    assert pace.soonest_s(100) == 0.0, "nothing learned: nothing refused on an estimate"
+    pace.observe(texts=10, seconds=0.01)
+    pace.observe(texts=10, seconds=0.05)
+    assert pace.soonest_s(100) == pytest.approx(0.1)
+    pace.observe(texts=10, seconds=0.03)  # the fast chunk leaves the window
+    assert pace.soonest_s(100) == pytest.approx(0.3)
+    pace.observe(texts=0, seconds=1.0)  # a chunk of refusals alone teaches nothing
+    assert pace.soonest_s(100) == pytest.approx(0.3)
