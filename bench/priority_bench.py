@@ -10,7 +10,8 @@ false) it generates the repository from the export `make export` left (model_rep
 real launcher on free ports and drives its API front (POST /v1/embeddings, texts of loadtest/corpus.txt):
 - queries alone: one text a request at --query-rate requests/s, an open loop (each sent on time, whatever the
   answers before it);
-- ingestion alone: --ingestion-clients closed loops of --ingestion-texts texts a request;
+- ingestion alone: --ingestion-clients closed loops of --ingestion-texts texts a request, each a process of its own
+  (so that the clients' own work, 64 answers of 768 floats a request, never delays the queries' clock);
 - both at once: the queries' latency and the ingestion's texts/s beside each other.
 Issue 45's bars: queries' p99 beside ingestion <= 2x their p99 alone + 5 ms, ingestion beside queries >= 0.9x
 alone.
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import multiprocessing
 import tempfile
 import time
 from collections import Counter
@@ -72,7 +74,7 @@ class Driver:
     """Requests to one API front's /v1/embeddings from one aiohttp session."""
 
     def __init__(self, url: str, model: str, texts: list[str]) -> None:
-        self.url, self.model, self.texts = url, model, itertools.cycle(texts)
+        self.url, self.model, self.corpus, self.texts = url, model, texts, itertools.cycle(texts)
         self.session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> Driver:
@@ -109,38 +111,79 @@ class Driver:
             "p99_ms": round(percentile(latencies, 0.99), 2),
         }
 
-    async def ingestion(self, clients: int, texts: int, stop: asyncio.Event) -> dict:
-        """clients closed loops of `texts` texts a request until `stop`: texts/s answered 200."""
-        served, failed = 0, 0
-
-        async def loop() -> None:
-            nonlocal served, failed
-            while not stop.is_set():
-                status, _ = await self.post(texts)
-                served, failed = served + (texts if status == 200 else 0), failed + (status != 200)
-
-        started = time.perf_counter()
-        await asyncio.gather(*(loop() for _ in range(clients)))
-        return {"texts_per_s": round(served / (time.perf_counter() - started), 1), "failed": failed, "texts": served}
+    async def ingestion(self, clients: int, texts: int, duration_s: float) -> dict:
+        """Ingestion alone for duration_s (Ingestion.stop's figures)."""
+        load = await Ingestion(self, clients, texts).start()
+        await asyncio.sleep(duration_s)
+        return await load.stop()
 
     async def saturated(self, clients: int, texts: int, work, warm_s: float = 1.0) -> tuple[dict, object]:
         """Ingestion running (after warm_s) while `work` is awaited: (ingestion's figures, work's result)."""
-        stop = asyncio.Event()
-        load = asyncio.create_task(self.ingestion(clients, texts, stop))
-        await asyncio.sleep(warm_s)
+        load = await Ingestion(self, clients, texts).start()
         try:
+            await asyncio.sleep(warm_s)
             result = await work
         finally:
-            stop.set()
-        return await load, result
+            figures = await load.stop()
+        return figures, result
+
+
+class Ingestion:
+    """`clients` closed loops of `texts` texts a request to the driver's route, each a process of its own."""
+
+    def __init__(self, driver: Driver, clients: int, texts: int) -> None:
+        spawn = multiprocessing.get_context("spawn")  # this process runs an event loop: no fork
+        self.halt, self.answers = spawn.Event(), spawn.Queue()
+        loop_args = (driver.url, driver.model, driver.corpus, texts, self.halt, self.answers)
+        self.processes = [spawn.Process(target=ingestion_client, args=loop_args, daemon=True) for _ in range(clients)]
+
+    async def _answers(self) -> list:
+        """One answer from each process (queue.Empty after 120 s: a process died)."""
+        loop = asyncio.get_running_loop()
+        return [await loop.run_in_executor(None, self.answers.get, True, 120) for _ in self.processes]
+
+    async def start(self) -> Ingestion:
+        """Once every loop has had its first answer."""
+        for process in self.processes:
+            process.start()
+        await self._answers()
+        return self
+
+    async def stop(self) -> dict:
+        """texts/s answered 200 (each loop's own rate, summed), requests failed, and every text answered 200."""
+        self.halt.set()
+        answers = await self._answers()
+        for process in self.processes:
+            process.join(timeout=30)
+        return {
+            "texts_per_s": round(sum(timed / seconds for _, timed, _, seconds in answers), 1),
+            "failed": sum(failed for _, _, failed, _ in answers),
+            "texts": sum(served for served, _, _, _ in answers),
+        }
+
+
+def ingestion_client(url: str, model: str, corpus: list[str], texts: int, halt, answers) -> None:
+    """One ingestion loop (Ingestion's processes): puts None after its first answer, then, once `halt` is set,
+    (texts answered 200 in all, those of the timed loop, requests failed, the timed loop's seconds)."""
+
+    async def run() -> None:
+        async with Driver(url, model, corpus) as driver:
+            status, _ = await driver.post(texts)
+            served, failed = texts * (status == 200), int(status != 200)
+            answers.put(None)
+            started, timed = time.perf_counter(), 0
+            while not halt.is_set():
+                status, _ = await driver.post(texts)
+                timed, failed = timed + texts * (status == 200), failed + (status != 200)
+            answers.put((served + timed, timed, failed, time.perf_counter() - started))
+
+    asyncio.run(run())
 
 
 async def contention(driver: Driver, args) -> dict:
     """Queries alone, ingestion alone, and both, with the issue's two ratios."""
     alone = await driver.queries(args.query_rate, args.duration)
-    stop = asyncio.Event()
-    asyncio.get_running_loop().call_later(args.duration, stop.set)
-    ingestion_alone = await driver.ingestion(args.ingestion_clients, args.ingestion_texts, stop)
+    ingestion_alone = await driver.ingestion(args.ingestion_clients, args.ingestion_texts, args.duration)
     beside, queries = await driver.saturated(
         args.ingestion_clients, args.ingestion_texts, driver.queries(args.query_rate, args.duration)
     )
