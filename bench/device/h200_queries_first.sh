@@ -17,9 +17,11 @@ SETTINGS=${SETTINGS:-settings/variants/bert-base-h200.toml}
 TREES=${TREES:-new:.}
 PART=${PART:-queries}
 ROOT=$(pwd)
+declare -A exporting=()  # a folder named by several trees (its settings apart) is exported once
 for pair in $TREES; do
   name=${pair%%:*} folder=${pair#*:}
-  [ -f "$folder/build/models/bert-base-random/model.safetensors" ] && continue
+  [ -f "$folder/build/models/bert-base-random/model.safetensors" ] || [ -n "${exporting[$folder]:-}" ] && continue
+  exporting[$folder]=1
   (cd "$folder" && "$IMAGE_PYTHON" -m export --settings "$SETTINGS" --tokenizer "$ROOT/.kit/tokenizer.json" \
     > "/tmp/export-$name.log" 2>&1 || { tail -20 "/tmp/export-$name.log"; exit 1; }) &
 done
