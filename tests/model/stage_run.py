@@ -4,6 +4,7 @@ request's outputs or its refusal; what tritonserver's stub would answer, without
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -29,6 +30,18 @@ def stage(export_dir: Path, kind: str = "onnxruntime_cpu", engine=None) -> Stage
     }
     engine = engine or load_engine(kind, export_dir, "cpu", ENGINES[kind])
     return StageCore(TextInput(export_dir, params, 1), engine, params, export_dir, lambda *_: None)
+
+
+@contextlib.contextmanager
+def engine_runs(core: StageCore):
+    """The texts of each engine run the core records while inside (its own `record` put back after)."""
+    runs: list[int] = []
+    record = core.record
+    core.record = lambda count, lengths, computed=None: runs.append(len(lengths))
+    try:
+        yield runs
+    finally:
+        core.record = record
 
 
 def request(texts: list[str], parameters: dict | None = None, queries: list[str] | None = None,

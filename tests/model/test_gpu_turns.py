@@ -14,7 +14,7 @@ import pytest
 
 from common.gpu_board import INGESTING, ON_GPU, QUERYING, GpuBoard
 from model_repository.stages.gpu_turns import GpuTurns
-from tests.model.stage_run import request, stage
+from tests.model.stage_run import engine_runs, request, stage
 
 QUERY = {"lane": "query"}
 
@@ -117,17 +117,14 @@ def test_a_request_whose_deadline_passes_before_its_chunk_runs_is_refused_unrun(
     the first one waits and runs. Neither runs; the others are served."""
     turns = GpuTurns(GpuBoard(board_path), 0, lane=False, chunk_texts=3, on_gpu=0, yield_s=0.5)
     holder = hold_query(board_path, 0.3)  # the first chunk waits its turn behind a held query, the second after it
-    runs = []
-    record = core.record
-    core.record = lambda count, lengths, computed=None: runs.append(len(lengths))
     try:
         soon = time.monotonic() + 0.15
         requests = [request(sentences[:2]), request(sentences[2:3]), request(sentences[3:5]), request(sentences[5:6])]
         requests[1].deadline = soon  # chunk 1: 2 + 1 texts
         requests[2].deadline = soon  # chunk 2: 2 + 1 texts
-        answers = core.answer(requests, turns)
+        with engine_runs(core) as runs:
+            answers = core.answer(requests, turns)
     finally:
-        core.record = record
         holder.kill()
         holder.wait()
     assert [isinstance(answer, str) for answer in answers] == [False, True, True, False]

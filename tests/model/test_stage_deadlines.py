@@ -15,7 +15,7 @@ from common.gpu_board import GpuBoard
 from model_repository.stages.deadlines import Pace
 from model_repository.stages.gpu_turns import GpuTurns
 from model_repository.stages.stage_core import held
-from tests.model.stage_run import request, stage
+from tests.model.stage_run import engine_runs, request, stage
 
 
 class Request:
@@ -53,13 +53,8 @@ def test_a_request_past_its_deadline_is_refused_unrun_and_the_others_are_served(
         Request(sentences[4:5], {}),
     ]
     views = [held(request, False, lambda request, name: Tensor(request.text)) for request in requests]
-    runs = []
-    record = core.record
-    core.record = lambda count, lengths, computed=None: runs.append(len(lengths))
-    try:
+    with engine_runs(core) as runs:
         late, roomy, plain = core.answer(views)
-    finally:
-        core.record = record
     assert isinstance(late, str) and BUDGET_EXPIRED in late
     assert roomy["embedding"].shape[0] == 2 and plain["embedding"].shape[0] == 1
     assert runs == [3], "the engine ran the two requests with room, 3 texts, and nothing of the late one"
@@ -73,13 +68,12 @@ def test_a_request_whose_chunk_cannot_finish_before_its_deadline_is_refused_unru
     requests = [request(sentences[:1]), request(sentences[1:3]), request(sentences[3:4])]
     requests[0].deadline = time.monotonic() + 5
     requests[1].deadline = time.monotonic() + 60
-    runs = []
-    record, pace = core.record, core.pace
-    core.record, core.pace = (lambda count, lengths, computed=None: runs.append(len(lengths))), slow
+    pace, core.pace = core.pace, slow
     try:
-        hopeless, roomy, plain = core.answer(requests, turns)
+        with engine_runs(core) as runs:
+            hopeless, roomy, plain = core.answer(requests, turns)
     finally:
-        core.record, core.pace = record, pace
+        core.pace = pace
     assert isinstance(hopeless, str) and hopeless.startswith(BUDGET_EXPIRED) and "could not finish" in hopeless
     assert roomy["embedding"].shape[0] == 2 and plain["embedding"].shape[0] == 1
     assert runs == [3], "the engine ran the 3 texts that can be answered in time"
