@@ -90,3 +90,18 @@ def test_the_pace_is_the_fastest_of_the_recent_chunks_only():
     assert pace.soonest_s(100) == pytest.approx(0.3)
     pace.observe(texts=0, seconds=1.0)  # a chunk of refusals alone teaches nothing
     assert pace.soonest_s(100) == pytest.approx(0.3)
+
+
+def test_a_small_chunk_is_given_at_least_what_small_chunks_took_not_a_large_chunks_share():
+    pace = Pace()
+    pace.observe(texts=64, seconds=0.002)  # ingestion: 31 us a text
+    pace.observe(texts=1, seconds=0.0005)  # a query's chunk of its own
+    assert pace.soonest_s(1) == pytest.approx(0.0005), "not 64 texts' share, 31 us"
+    assert pace.soonest_s(8) == pytest.approx(0.0005)
+    assert pace.soonest_s(64) == pytest.approx(0.002)
+    assert pace.soonest_s(128) == pytest.approx(0.004)
+    only_large = Pace()
+    only_large.observe(texts=64, seconds=0.002)
+    assert only_large.soonest_s(1) == pytest.approx(0.002 / 64), "no small chunk seen: its share, never more"
+    pace.observe(texts=4, seconds=0.0003)  # the engine got quicker: a slow small chunk no longer holds
+    assert pace.soonest_s(1) == pytest.approx(0.0003)
