@@ -46,20 +46,34 @@ def services_in(trace_id: str):
 
 
 def test_an_api_request_is_one_trace_from_the_front_into_tritonserver(traced, receiver, settings):
-    trace_id = "0af7651916cd43dd8448eb211c80319c"
-    answer = httpx.post(
-        f"http://127.0.0.1:{traced.ports.api}/v1/embeddings",
-        json={"model": settings.model.name, "input": "follow me"},
-        headers=traceparent(trace_id),
-        timeout=60,
+    # Triton 2.51 reads a gRPC traceparent as a C string (GrpcServerCarrier::Get returns string_ref::data(), which
+    # is not NUL-terminated), so the bytes after it in memory decide whether it parses: 34 of 720 calls in six runs
+    # (2026-12-06) started a trace of their own (docs/deployment.md). The front passes every call its context; of
+    # four requests, at least one must come back as one trace.
+    trace_ids = [f"0af7651916cd43dd8448eb211c8031{index:02x}" for index in range(4)]
+    for trace_id in trace_ids:
+        answer = httpx.post(
+            f"http://127.0.0.1:{traced.ports.api}/v1/embeddings",
+            json={"model": settings.model.name, "input": "follow me"},
+            headers=traceparent(trace_id),
+            timeout=60,
+        )
+        assert answer.status_code == 200
+    both = {"bert-triton-api", "bert-triton-triton"}
+    spans = receiver.wait_for(
+        lambda spans: (
+            all("bert-triton-api" in services_in(t)(spans) for t in trace_ids)
+            and any(both <= services_in(t)(spans) for t in trace_ids)
+        )
     )
-    assert answer.status_code == 200
-    spans = receiver.wait_for(lambda spans: {"bert-triton-api", "bert-triton-triton"} <= services_in(trace_id)(spans))
-    mine = [span for span in spans if span.trace_id == trace_id]
-    assert {span.service for span in mine} >= {"bert-triton-api", "bert-triton-triton"}, (mine, spans[-10:])
-    (front,) = [span for span in mine if span.service == "bert-triton-api"]
-    assert front.parent_id == "ab" * 8 and front.name == "POST /v1/embeddings"
-    assert any(span.parent_id == front.span_id for span in mine if span.service == "bert-triton-triton")
+    joined = [t for t in trace_ids if both <= services_in(t)(spans)]
+    assert joined, spans[-10:]
+    for trace_id in trace_ids:
+        mine = [span for span in spans if span.trace_id == trace_id]
+        (front,) = [span for span in mine if span.service == "bert-triton-api"]
+        assert front.parent_id == "ab" * 8 and front.name == "POST /v1/embeddings"
+        triton = [span for span in mine if span.service == "bert-triton-triton"]
+        assert not triton or any(span.parent_id == front.span_id for span in triton), mine
 
 
 def test_a_kserve_request_through_the_http_front_is_one_trace(traced, receiver):
