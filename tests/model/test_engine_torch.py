@@ -23,6 +23,7 @@ from model_repository.stages.engines import load_engine
 from model_repository.stages.engines.base import pack_sequences
 from model_repository.stages.engines.torch_layout import cpu_chunks, layout_size, pack, token_bucket, views
 from tests.model.family_reference import save_checkpoint
+from tests.model.gpu_copies import SLACK_BYTES, device_to_host_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -363,6 +364,15 @@ def test_gpu_minilm_fp16(minilm_dir, hf_minilm, token_ids, variant):
     print(f"minilm fp16 {_variant_id(variant)}: min cosine {cos.min():.6f}")
     assert cos.min() >= 0.9999, cos
     np.testing.assert_allclose(again, out, atol=1e-6, rtol=0)
+
+
+@gpu
+@pytest.mark.parametrize("variant", [{}, {"cuda_graphs": "false"}], ids=["graphs", "eager"])
+def test_gpu_rows_leave_the_gpu_with_their_own_bytes_only(minilm_dir, token_ids, variant):
+    engine = load_engine("torch", minilm_dir, "cuda:0", {"precision": "fp16", **variant})
+    engine.forward(token_ids)  # a graph's capture, outside the count
+    rows, copied = device_to_host_bytes(lambda: engine.forward(token_ids))
+    assert copied <= rows.nbytes + SLACK_BYTES, (copied, rows.nbytes)
 
 
 @gpu

@@ -33,6 +33,7 @@ from protocol.multi_vector import token_vectors
 from protocol.sparse import entries
 from tests.checkpoints import MAX_TOKENS, make_checkpoint, make_hybrid_checkpoint
 from tests.model.flag_reference import m3_embedder
+from tests.model.gpu_copies import SLACK_BYTES, device_to_host_bytes, own_bytes
 from tests.model.test_engine_torch import gpu
 from tests.model.test_stage_execute import Backend, Request, assert_served_as_alone, loaded_stage
 
@@ -141,12 +142,15 @@ def test_a_checkpoint_without_the_heads_is_refused(settings, tmp_path):
         export(str(checkpoint), "hybrid", MAX_TOKENS, tmp_path / "export", engine.onnx_opset, engine.onnx_tolerance)
 
 
+def _packed_texts(export_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+    tokenizer = load_tokenizer(export_dir / "tokenizer.json", MAX_TOKENS)
+    return pack_sequences([np.array(e.ids, np.int32) for e in tokenizer.encode_batch(TEXTS)])
+
+
 def _engine_rows(export_dir: Path, kind: str, device: str = "cpu", wanted=None, **options):
     """The engine's HybridRows of TEXTS (the wanted outputs)."""
-    tokenizer = load_tokenizer(export_dir / "tokenizer.json", MAX_TOKENS)
-    ids, lengths = pack_sequences([np.array(e.ids, np.int32) for e in tokenizer.encode_batch(TEXTS)])
     engine = load_engine(kind, export_dir, device, {"threads": "2", **options})
-    return engine.forward_packed(ids, lengths, None, wanted)
+    return engine.forward_packed(*_packed_texts(export_dir), None, wanted)
 
 
 def _assert_same_rows(got, want, cosine: float) -> None:
@@ -176,6 +180,17 @@ def test_gpu_fp16_rows(hybrid, variant):
         got = _engine_rows(hybrid.export_dir, "torch", "cuda", precision="fp16", **variant)
         _assert_same_rows(got, want, 0.999)
         assert got.vectors.dtype == np.float16
+
+
+@gpu
+@pytest.mark.parametrize("wanted", [None, frozenset({"embedding", TOKEN_WEIGHTS})], ids=["all", "no-colbert"])
+def test_gpu_rows_leave_the_gpu_with_their_own_bytes_only(hybrid, wanted):
+    """The wanted outputs' rows, the kept tokens' colbert vectors in fp16, and nothing else."""
+    ids, lengths = _packed_texts(hybrid.export_dir)
+    engine = load_engine("torch", hybrid.export_dir, "cuda", {"precision": "fp16"})
+    engine.forward_packed(ids, lengths, None, wanted)  # a graph's capture, outside the count
+    rows, copied = device_to_host_bytes(lambda: engine.forward_packed(ids, lengths, None, wanted))
+    assert copied <= own_bytes(rows.dense, rows.weights, rows.vectors) + SLACK_BYTES
 
 
 @pytest.mark.parametrize("kind", ["onnxruntime_cpu", "torch"])
