@@ -28,6 +28,8 @@ from model_repository.stages.engines.sparse import SparseRow
 from model_repository.stages.sparse_output import SparseOutput, padded_cut
 from settings import ROOT
 from tests.checkpoints import MAX_TOKENS, make_checkpoint, make_sparse_checkpoint
+from tests.model.gpu_copies import SLACK_BYTES, device_to_host_bytes, own_bytes
+from tests.model.test_engine_torch import gpu
 
 sentence_transformers = pytest.importorskip("sentence_transformers")
 
@@ -93,6 +95,16 @@ def test_a_sparse_encoder_exports_as_sparse(sparse):
 def test_the_engines_give_what_the_sparse_encoder_gives(sparse, kind):
     engine = load_engine(kind, sparse.export_dir, "cpu", ENGINES[kind])
     assert_sparse_encoder_rows(engine.forward(sparse.sequences), sparse.expected)
+
+
+@gpu
+def test_gpu_rows_leave_the_gpu_with_their_own_bytes_only(sparse):
+    """Each row's columns and values and its count: not a row index an entry, nor the [texts, vocabulary] maxima."""
+    engine = load_engine("torch", sparse.export_dir, "cuda", {"precision": "fp16"})
+    engine.forward(sparse.sequences)  # a graph's capture, outside the count
+    rows, copied = device_to_host_bytes(lambda: engine.forward(sparse.sequences))
+    entries = own_bytes(*(row.indices for row in rows), *(row.values for row in rows))
+    assert copied <= entries + 4 * len(rows) + SLACK_BYTES, (copied, entries)
 
 
 @pytest.mark.parametrize("kind", list(ENGINES))

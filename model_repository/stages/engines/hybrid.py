@@ -67,7 +67,8 @@ def lexical_rows(ids: np.ndarray, lengths: np.ndarray, weights: np.ndarray, unus
     order = np.argsort(keys, kind="stable")
     keys, weights = keys[order], weights[keep][order]
     if not len(keys):
-        return split_rows(keys, keys, weights, len(lengths))
+        return split_rows(np.zeros(len(lengths), np.int64), keys, weights)
     first = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
     keys = keys[first]
-    return split_rows(keys >> 32, keys & 0xFFFFFFFF, np.maximum.reduceat(weights, first), len(lengths))
+    counts = np.bincount(keys >> 32, minlength=len(lengths))
+    return split_rows(counts, keys & 0xFFFFFFFF, np.maximum.reduceat(weights, first))

@@ -37,9 +37,8 @@ def activate(pooled: np.ndarray, activation: str) -> np.ndarray:
     return pooled
 
 
-def split_rows(rows: np.ndarray, cols: np.ndarray, values: np.ndarray, n: int) -> list[SparseRow]:
-    """Entries (row, column, value), sorted by row then column, as n SparseRows."""
-    counts = np.bincount(rows, minlength=n)
+def split_rows(counts: np.ndarray, cols: np.ndarray, values: np.ndarray) -> list[SparseRow]:
+    """Entries (column, value), sorted by row then column, as SparseRows of `counts` entries each."""
     ends = np.cumsum(counts)
     starts = ends - counts
     cols, values = cols.astype(np.int32, copy=False), values.astype(np.float32, copy=False)
@@ -69,4 +68,4 @@ class NumpySparseHead:
             found.append((rows, cols + first, pooled[rows, cols]))
         rows, cols, values = (np.concatenate(part) for part in zip(*found, strict=True))
         order = np.argsort(rows, kind="stable")  # chunks in vocabulary order: columns stay ascending in a row
-        return split_rows(rows[order], cols[order], values[order], len(lengths))
+        return split_rows(np.bincount(rows, minlength=len(lengths)), cols[order], values[order])
