@@ -196,13 +196,13 @@ images:
 # chart does against the real clients, Locust from its image, a SIGTERM under load and compose
 # (tests/image/served_image.py). Both start dockerd where none answers (docker/start_dockerd.sh, as root) and fail,
 # saying why, where none can be.
-LOCAL_DOCKER = $(if $(wildcard /usr/bin/docker),/usr/bin/docker,docker)
+# Each picks Debian's docker client once start_dockerd.sh has installed it (a newer one needs the buildx plugin).
 image:
-	DOCKER=$(LOCAL_DOCKER) bash docker/build_local.sh
+	bash docker/build_local.sh
 
 image-test: $(STAMP).repo bundle
 	bash docker/start_dockerd.sh
-	DOCKER=$(LOCAL_DOCKER) $(PY) -m pytest -q tests/image/served_image.py
+	$(PY) -m pytest -q tests/image/served_image.py
 
 # Compose v2 where the client has it, else Debian's docker-compose 1.29.
 COMPOSE = $(shell docker compose version > /dev/null 2>&1 && echo "docker compose" || echo docker-compose)

@@ -19,7 +19,6 @@ set -a
 # shellcheck source=versions.env
 . docker/versions.env
 set +a
-DOCKER=${DOCKER:-$([[ -x /usr/bin/docker ]] && echo /usr/bin/docker || echo docker)}
 export DOCKER_BUILDKIT=1
 OUT=build/images
 REPORT=$OUT/build.txt
@@ -107,6 +106,8 @@ builder_refused() {
 mkdir -p "$OUT"
 : > "$REPORT"
 bash docker/start_dockerd.sh
+# Debian's client, once start_dockerd.sh has installed it: its BuildKit is built in (a newer client needs buildx).
+DOCKER=${DOCKER:-$([[ -x /usr/bin/docker ]] && echo /usr/bin/docker || echo docker)}
 "$DOCKER" version --format 'docker client {{.Client.Version}}, server {{.Server.Version}}' | tee -a "$REPORT" >&2
 timed "$LOCAL_PYTHON_IMAGE" python_image
 timed "$LOCAL_BASE_IMAGE" base_image
