@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.sparse_bench import top_terms
+from bench.sparse_bench import TIE, top_terms
 from common.contract import SPARSE_HEAD_FILE, SPARSE_INDICES, SPARSE_THRESHOLD, SPARSE_TOP_K, SPARSE_VALUES
 from common.engine_choice import choose_engine
 from common.hf_tokenizer import load_tokenizer
@@ -123,9 +123,13 @@ def test_the_default_precision_serves_the_reference_s_terms_in_its_order(sparse)
     two batch sizes does: bench/sparse_bench.py's TIE)."""
     choice = choose_engine("auto", "auto", False, "sparse")
     engine = load_engine(choice.kind, sparse.export_dir, "cpu", {"precision": choice.precision, "threads": "2"})
-    check = top_terms(dense(engine.forward(sparse.sequences), sparse.expected.shape[1]), sparse.expected)
+    served = dense(engine.forward(sparse.sequences), sparse.expected.shape[1])
+    check = top_terms(served, sparse.expected)
     assert check["holds_bar"], (choice, check)
-    assert check["top_terms_per_text"] > 10 and check["jaccard_nonzero_min"] == 1.0
+    assert check["top_terms_per_text"] > 10
+    # The same non-zero terms, but for a weight at relu's edge (an AVX2-only EPYC served 0 for one of 4.8e-7).
+    one_side = (served > 0) != (sparse.expected > 0)
+    assert (np.maximum(served, sparse.expected)[one_side] <= TIE).all(), check["jaccard_nonzero_min"]
 
 
 INTERPRETED = """
