@@ -130,7 +130,8 @@ def test_each_request_gets_what_it_asks_for_as_alone(stage):
     ]
     assert (together[1].outputs[SPARSE_INDICES] >= 0).sum(1).max() == 3
     assert together[3].error.code == Backend.TritonError.INVALID_ARG and "sparse_top_k" in together[3].error.message
-    atol = 1e-5 if isinstance(stage.engine, TorchEngine) else 0.0  # its GEMMs round by the batch's shape
+    # Its GEMMs round by the batch's shape: up to 3.05e-5 on an AVX2-only EPYC (1 of 2,368 colbert floats).
+    atol = 1e-4 if isinstance(stage.engine, TorchEngine) else 0.0
     assert_served_as_alone([*together[:3], together[4]], [*alone[:3], alone[4]], atol)
 
 
