@@ -15,7 +15,7 @@ import numpy as np
 from common.contract import INPUT_TYPE, STATIC_QUERY_FILE
 from common.hf_tokenizer import load_tokenizer
 
-from .engines.sparse import SparseRow
+from .engines.sparse import SparseRow, SparseRows
 
 
 def asks_for_queries(parameters: str) -> bool:
@@ -27,7 +27,7 @@ class StaticQuery:
         self.weights = np.load(version_dir / STATIC_QUERY_FILE).astype(np.float32, copy=False)
         self.tokenizer = load_tokenizer(version_dir / "tokenizer.json", max_tokens)
 
-    def rows(self, texts: list[str]) -> tuple[list[SparseRow], np.ndarray]:
+    def rows(self, texts: list[str]) -> tuple[SparseRows, np.ndarray]:
         """Each query's non-zero entries (ascending index) and its token count."""
         rows, lengths = [], []
         for encoding in self.tokenizer.encode_batch(texts, add_special_tokens=False):
@@ -36,4 +36,4 @@ class StaticQuery:
             keep = values > 0
             rows.append(SparseRow(ids[keep], values[keep]))
             lengths.append(len(encoding.ids))
-        return rows, np.asarray(lengths, dtype=np.int32)
+        return SparseRows.joined(rows), np.asarray(lengths, dtype=np.int32)

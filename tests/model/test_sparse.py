@@ -24,7 +24,7 @@ from export.__main__ import export
 from export.checkpoint import CheckpointError
 from export.onnx_export import VALIDATION_SENTENCES
 from model_repository.stages.engines import load_engine
-from model_repository.stages.engines.sparse import SparseRow
+from model_repository.stages.engines.sparse import SparseRow, SparseRows
 from model_repository.stages.sparse_output import SparseOutput, padded_cut
 from settings import ROOT
 from tests.checkpoints import MAX_TOKENS, make_checkpoint, make_sparse_checkpoint
@@ -61,16 +61,17 @@ def sparse(request, settings, tmp_path_factory) -> Sparse:
     return Sparse(folder / "export", sequences, expected)
 
 
-def dense(rows: list[SparseRow], vocabulary: int) -> np.ndarray:
+def dense(rows: SparseRows, vocabulary: int) -> np.ndarray:
     out = np.zeros((len(rows), vocabulary), dtype=np.float32)
     for row, served in zip(out, rows, strict=True):
         row[served.indices] = served.values
     return out
 
 
-def assert_sparse_encoder_rows(rows: list[SparseRow], expected: np.ndarray) -> None:
+def assert_sparse_encoder_rows(rows: SparseRows, expected: np.ndarray) -> None:
     """Each row's indices ascending int32 and its weights fp32 > 0; the same entries as SparseEncoder's (but for
-    weights within fp32 rounding of 0), each within 1e-4."""
+    weights within fp32 rounding of 0), each within 1e-4; the batch's rows packed, a text's entries in its place."""
+    assert isinstance(rows, SparseRows) and len(rows) == len(expected)
     for row in rows:
         assert row.indices.dtype == np.int32 and row.values.dtype == np.float32
         assert (np.diff(row.indices) > 0).all() and (row.values > 0).all()
@@ -103,7 +104,7 @@ def test_gpu_rows_leave_the_gpu_with_their_own_bytes_only(sparse):
     engine = load_engine("torch", sparse.export_dir, "cuda", {"precision": "fp16"})
     engine.forward(sparse.sequences)  # a graph's capture, outside the count
     rows, copied = device_to_host_bytes(lambda: engine.forward(sparse.sequences))
-    entries = own_bytes(*(row.indices for row in rows), *(row.values for row in rows))
+    entries = own_bytes(rows.indices, rows.values)
     assert copied <= entries + 4 * len(rows) + SLACK_BYTES, (copied, entries)
 
 
@@ -180,7 +181,7 @@ ROW = SparseRow(np.array([3, 9, 12, 40, 41], dtype=np.int32), np.array([0.5, 2.0
 )
 def test_a_row_is_cut_to_its_largest_entries_above_the_threshold(top_k, threshold, indices):
     """top_k keeps the largest (a tie: the lower index), threshold those above it; the index order stays."""
-    tensors = padded_cut([ROW], top_k, threshold)
+    tensors = padded_cut(SparseRows.joined([ROW]), top_k, threshold)
     assert tensors[SPARSE_INDICES][0].tolist() == indices
     assert tensors[SPARSE_VALUES][0].tolist() == [float(ROW.values[ROW.indices.tolist().index(i)]) for i in indices]
 
@@ -190,14 +191,28 @@ def test_each_text_of_a_request_is_cut_on_its_own_and_padded_to_the_widest():
     least 1 when no text keeps any."""
     low = SparseRow(np.array([1, 2, 5], dtype=np.int32), np.array([0.25, 0.375, 0.125], dtype=np.float32))
     empty = SparseRow(ROW.indices[:0], ROW.values[:0])
-    tensors = padded_cut([ROW, low, empty, SparseRow(ROW.indices[:2], ROW.values[:2])], 2, 0.0)
+    tensors = padded_cut(SparseRows.joined([ROW, low, empty, SparseRow(ROW.indices[:2], ROW.values[:2])]), 2, 0.0)
     assert tensors[SPARSE_INDICES].tolist() == [[9, 40], [1, 2], [-1, -1], [3, 9]]
     assert tensors[SPARSE_VALUES].tolist() == [[2.0, 2.0], [0.25, 0.375], [0, 0], [0.5, 2.0]]
     assert tensors[SPARSE_VALUES].dtype == np.float32 and tensors[SPARSE_INDICES].dtype == np.int32
-    whole = padded_cut([ROW, SparseRow(ROW.indices[:2], ROW.values[:2]), empty], 0, 0.0)
+    whole = padded_cut(SparseRows.joined([ROW, SparseRow(ROW.indices[:2], ROW.values[:2]), empty]), 0, 0.0)
     assert whole[SPARSE_INDICES].tolist() == [[3, 9, 12, 40, 41], [3, 9, -1, -1, -1], [-1] * 5]
-    assert padded_cut([empty], 0, 0.0)[SPARSE_INDICES].shape == (1, 1)
-    assert padded_cut([ROW, low], 0, 5.0)[SPARSE_INDICES].tolist() == [[-1], [-1]]
+    assert padded_cut(SparseRows.joined([empty]), 0, 0.0)[SPARSE_INDICES].shape == (1, 1)
+    assert padded_cut(SparseRows.joined([ROW, low]), 0, 5.0)[SPARSE_INDICES].tolist() == [[-1], [-1]]
+
+
+def test_a_requests_texts_are_a_slice_of_the_batchs_packed_rows():
+    """Consecutive texts' entries as views, their offsets from 0; an empty slice; each text's row as it went in."""
+    low = SparseRow(np.array([1, 2, 5], dtype=np.int32), np.array([0.25, 0.375, 0.125], dtype=np.float32))
+    empty = SparseRow(ROW.indices[:0], ROW.values[:0])
+    rows = SparseRows.joined([ROW, empty, low, ROW])
+    assert len(rows) == 4 and rows.offsets.tolist() == [0, 5, 5, 8, 13]
+    middle = rows[1:3]
+    assert middle.offsets.tolist() == [0, 0, 3] and np.shares_memory(middle.indices, rows.indices)
+    assert [row.indices.tolist() for row in middle] == [[], [1, 2, 5]]
+    assert [row.values.tolist() for row in rows[3:]] == [ROW.values.tolist()]
+    assert len(rows[2:2]) == 0 and rows[2:2].offsets.tolist() == [0] and len(rows[2:2].indices) == 0
+    assert len(SparseRows.joined([])) == 0
 
 
 def test_a_requests_parameters_override_the_settings_and_bad_ones_are_named():

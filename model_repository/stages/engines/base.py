@@ -17,8 +17,8 @@ class Engine(ABC):
     `forward_packed` takes every sequence's token ids one after another (int32 [total tokens]) with each
     sequence's length (int64 [sequences]), no padding, and for a model of (query, text) pairs each token's
     type beside its id (int32 [total tokens]: 0 query, 1 text); it returns one float32 row per sequence: the
-    pooled (and, per the spec, normalized) embedding, or the logits; for a sparse model a list of one
-    sparse.SparseRow per sequence (its non-zero vocabulary entries); for a hybrid model hybrid.HybridRows, of
+    pooled (and, per the spec, normalized) embedding, or the logits; for a sparse model a sparse.SparseRows
+    (every sequence's non-zero vocabulary entries, packed); for a hybrid model hybrid.HybridRows, of
     which only the `wanted` outputs (HYBRID_GRAPH_OUTPUTS' names; None: all) are copied out. A multi-vector model
     takes each token's attention flag as `types` and gives one row per token that `kept` marks (bool [total
     tokens]; None: every token), packed in token order: only those rows leave the device. How the batch is laid

@@ -22,7 +22,7 @@ from common.padding import pad_packed, plan_chunks
 
 from .base import Engine
 from .hybrid import HybridRows, colbert_tokens
-from .sparse import NumpySparseHead
+from .sparse import NumpySparseHead, SparseRows
 
 
 class OnnxRuntimeCpuEngine(Engine):
@@ -55,7 +55,7 @@ class OnnxRuntimeCpuEngine(Engine):
                 continue
             for row, sparse in zip(chunk, self.head(result[real], lengths[chunk]), strict=True):
                 out[row] = sparse
-        return out
+        return SparseRows.joined(out) if self.head else out  # the chunks ran in length order
 
     def _token_vectors(self, ids: np.ndarray, lengths: np.ndarray, attended: np.ndarray) -> np.ndarray:
         """Every token's vector, packed [tokens, dim]; attended (1/0 per token) is the graph's attention mask, so

@@ -68,6 +68,7 @@ from common.contract import HYBRID_GRAPH_OUTPUTS, PROJECTION_FILE, TOKEN_VECTORS
 from .base import Engine
 from .hybrid import colbert_tokens
 from .models import architecture
+from .sparse import SparseRows
 from .torch_hybrid import HybridHead, HybridHost, host_rows
 from .torch_kernels import HAVE_TRITON, KernelCheck
 from .torch_layout import (
@@ -267,7 +268,7 @@ class TorchEngine(KernelCheck, Engine):
             ids = ids | (types.astype(np.int32) << TYPE_SHIFT)
         n = len(lengths)
         if n == 0:
-            return [] if self.sparse else np.zeros((0, self.output_size), dtype=np.float32)
+            return SparseRows.joined([]) if self.sparse else np.zeros((0, self.output_size), dtype=np.float32)
         keys = key_lengths(lengths, types) if self.multi_vector else None
         max_len = int(lengths.max())
         if max_len > self.max_positions:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .sparse import SparseRow, split_rows
+from .sparse import SparseRows
 from .torch_kernels import triton
 from .torch_ops import Norm, PackedBatch, TorchOps
 from .torch_sparse_kernel import segment_max_kernel
@@ -69,7 +69,7 @@ class SparseHead:
         return out.log1p_() if self.log1p_twice else out
 
 
-def nonzero_rows(pooled: torch.Tensor) -> list[SparseRow]:
+def nonzero_rows(pooled: torch.Tensor) -> SparseRows:
     """The rows' non-zero entries, found on the device; only their columns and values leave it, with each row's
     count (not a row index an entry: 8 bytes an entry, not 12), in one copy."""
     entries = pooled.nonzero()
@@ -77,4 +77,4 @@ def nonzero_rows(pooled: torch.Tensor) -> list[SparseRow]:
     counts = torch.bincount(entries[:, 0], minlength=n).to(torch.int32)
     values = pooled[entries[:, 0], entries[:, 1]].float().view(torch.int32)
     packed = torch.cat([counts, entries[:, 1].to(torch.int32), values]).cpu().numpy()
-    return split_rows(packed[:n], packed[n : n + found], packed[n + found :].view(np.float32))
+    return SparseRows.of_counts(packed[:n], packed[n : n + found], packed[n + found :].view(np.float32))
