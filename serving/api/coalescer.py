@@ -20,8 +20,7 @@ threshold, a multi-vector model's queries) goes alone: one call carries one set.
 (serving/api/priority.py) that passes while it queues leaves the queue unsent (TimedOut); a call's gRPC deadline
 is the latest of its requests', and each request stops waiting at its own. A request with a budget of its own
 (X-Request-Timeout) goes alone, so that its call's deadline is its own: tritonserver drops it unrun once that
-passes, rather than running it for a call that others keep alive. Such a call is cancelled, and its request
-answered TimedOut, at its deadline by a loop timer, not when grpc.aio reports the deadline.
+passes, rather than running it for a call that others keep alive.
 """
 
 from __future__ import annotations
@@ -74,23 +73,6 @@ def _latest(batch: list[_Request]) -> float | None:
     return max(request.deadline for request in batch) - time.perf_counter()
 
 
-async def _within(call, deadline: float):
-    """The call's answer, or TimedOut at `deadline` by the loop's own timer, the call cancelled (tritonserver then
-    drops it) and not waited for: grpc.aio reports its own deadline about 3 ms late with 64 calls in flight, which a
-    5 ms budget cannot spare (docs/results/cpu-2026-12-06/grpc-deadline/)."""
-    task = asyncio.ensure_future(call)
-    try:
-        done, _ = await asyncio.wait((task,), timeout=deadline - time.perf_counter())
-    except asyncio.CancelledError:  # the client went away
-        task.cancel()
-        raise
-    if not done:
-        task.add_done_callback(lambda ended: ended.cancelled() or ended.exception())  # nobody waits for its end
-        task.cancel()
-        raise TimedOut("its time budget ran out while its call ran")
-    return task.result()
-
-
 class Coalescer:
     """One Triton model's calls (with these `outputs`) from one worker."""
 
@@ -130,8 +112,7 @@ class Coalescer:
         if deadline is not None and deadline <= time.perf_counter():
             raise TimedOut("its time budget ran out before a call could carry it")
         if alone or parameters or self.max_calls == 0 or rows >= self.max_texts or size >= self.max_bytes:
-            direct = self._direct(_Request(inputs, rows, size, parameters, deadline))
-            return await (_within(direct, deadline) if alone and deadline is not None else direct)
+            return await self._direct(_Request(inputs, rows, size, parameters, deadline))
         request = _Request(inputs, rows, size, deadline=deadline)
         self._queue.append(request)
         self._queued_rows += rows

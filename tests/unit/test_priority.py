@@ -153,53 +153,6 @@ def test_a_request_stops_waiting_at_its_own_deadline_while_its_call_runs_on():
     assert link.rows == 2
 
 
-class CancellableLink(SlowLink):
-    """A SlowLink that counts the calls cancelled while they ran."""
-
-    cancelled = 0
-
-    async def infer(self, *args, **kwargs):
-        try:
-            return await super().infer(*args, **kwargs)
-        except asyncio.CancelledError:
-            self.cancelled += 1
-            raise
-
-
-def test_a_request_with_a_budget_of_its_own_is_answered_at_its_deadline_and_its_call_cancelled():
-    """grpc.aio reports a deadline 2-4 ms late: the front answers at the deadline by its own timer, and cancels the
-    call (tritonserver then drops it)."""
-
-    async def run():
-        link = CancellableLink(5.0)
-        coalescer = Coalescer(link, "m", ["embedding"], 256, 1 << 20, 4, 0.0)
-        started = time.perf_counter()
-        with pytest.raises(TimedOut):
-            await coalescer.infer({"TEXT": [b"a"]}, deadline=started + 0.05, alone=True)
-        waited = time.perf_counter() - started
-        link.seconds = 0.0
-        answer = await coalescer.infer({"TEXT": [b"b"]}, deadline=time.perf_counter() + 30.0, alone=True)
-        return link, waited, answer
-
-    link, waited, answer = asyncio.run(run())
-    assert waited < 0.2 and link.cancelled == 1  # at its deadline, not the link's 5 s
-    assert len(answer["embedding"]) == 1 and link.timeouts[1] > 29  # one with room is served, by its own deadline
-
-
-def test_a_client_gone_cancels_its_call_with_a_budget_of_its_own():
-    async def run():
-        link = CancellableLink(5.0)
-        coalescer = Coalescer(link, "m", ["embedding"], 256, 1 << 20, 4, 0.0)
-        handler = asyncio.create_task(coalescer.infer({"TEXT": [b"a"]}, deadline=time.perf_counter() + 30, alone=True))
-        await asyncio.sleep(0.01)
-        handler.cancel()  # as aiohttp cancels the handler of a client that went away
-        with pytest.raises(asyncio.CancelledError):
-            await handler
-        return link
-
-    assert asyncio.run(run()).cancelled == 1
-
-
 def test_a_spent_budget_is_refused_before_any_call_and_a_call_carries_the_remaining_budget():
     async def run():
         link = SlowLink(0.0)
