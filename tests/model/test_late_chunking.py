@@ -12,10 +12,13 @@ import torch
 import transformers
 
 from common.contract import CHUNK_COUNTS, CHUNK_EMBEDDINGS, TOKENS_OUTPUT
+from common.hf_tokenizer import load_tokenizer
 from export.__main__ import export
+from model_repository.stages.engines import load_engine
 from model_repository.stages.late_chunking import LateChunking
 from protocol.packed import per_text
 from tests.checkpoints import MAX_TOKENS, make_checkpoint
+from tests.model.test_engine_torch import gpu
 from tests.model.test_stage_execute import Backend, Request, assert_served_as_alone, loaded_stage
 
 LONG_TEXT = " ".join(["Triton batches requests, from many clients, into one call to the model."] * 12)
@@ -92,3 +95,16 @@ def test_an_engine_that_pools_whole_sequences_refuses_late_chunks(modernbert, se
     assert "engine kind torch pools spans" in late.error.message
     assert plain.error is None and plain.outputs["embedding"].shape[0] == 1
     stage.finalize()
+
+
+@gpu
+def test_gpu_chunks_are_the_cpu_s(modernbert):
+    """The torch engine's pool_spans on the device, its chunks waited for before they are copied out
+    (TorchEngine._finished), against the same engine on the CPU."""
+    export_dir = modernbert[1]
+    ids = np.array(load_tokenizer(export_dir / "tokenizer.json", MAX_TOKENS).encode(LONG_TEXT).ids, dtype=np.int32)
+    lengths = np.array([len(ids)])
+    bounds = LateChunking(1, 1).spans(lengths, SIZE)[0]
+    on_cpu, on_gpu = (load_engine("torch", export_dir, device, {"precision": "fp32"}).pool_spans(ids, lengths, bounds)
+                      for device in ("cpu", "cuda"))  # fmt: skip
+    assert on_cpu.shape == on_gpu.shape and ((on_cpu * on_gpu).sum(1)).min() >= 0.9999

@@ -108,6 +108,15 @@ def test_gpu_rows_leave_the_gpu_with_their_own_bytes_only(sparse):
     assert copied <= entries + 4 * len(rows) + SLACK_BYTES, (copied, entries)
 
 
+@gpu
+def test_gpu_rows_are_the_sparse_encoder_s(sparse):
+    """fp32 on the device, a graph's capture and then its replay: each batch's entries found once the encoder is done,
+    waited for as the dense rows are (TorchEngine._finished)."""
+    engine = load_engine("torch", sparse.export_dir, "cuda", {"precision": "fp32"})
+    for _ in range(2):
+        assert_sparse_encoder_rows(engine.forward(sparse.sequences), sparse.expected)
+
+
 @pytest.mark.parametrize("kind", list(ENGINES))
 def test_any_vocabulary_chunk_gives_the_same_rows(sparse, kind, monkeypatch):
     """Chunks of 256 columns (120 of them over BERT's vocabulary, the last one short) and parts of 64 tokens."""
