@@ -1,4 +1,4 @@
-"""The Hugging Face tokenizer's ids for texts of any size, at a cost bounded by the kept tokens (encode_truncated).
+"""The Hugging Face tokenizer's ids for texts of any size, at a cost bounded by the kept tokens (PrefixEncoder).
 
 Truncation keeps only the first max_length tokens, yet the tokenizer would normalize and split the whole text
 (0.7 s a megabyte, 1.6 s one of CJK). Where a text cut at the right place provably tokenizes to the whole
@@ -292,9 +292,3 @@ class PrefixEncoder:
             for i, encoding in zip(redo, again, strict=True):
                 encodings[i] = encoding
         return encodings
-
-
-def encode_truncated(tokenizer: Tokenizer, texts: list[str], add_special_tokens: bool = True) -> list[Encoding]:
-    """tokenizer.encode_batch(texts) with the same ids, at a cost bounded by the kept tokens where a prefix cut
-    is exact for the tokenizer (PrefixEncoder, which a caller encoding often keeps)."""
-    return PrefixEncoder(tokenizer).encode(texts, add_special_tokens)

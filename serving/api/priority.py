@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import re
-import time
 
 from serving.api.request_context import RequestContext
 from serving.api.schema import ApiError
@@ -61,7 +60,3 @@ def settle(context: RequestContext, settings: PrioritySettings, texts: int, defa
         budget = context.budget_s or settings.budget_s(context.priority_class, default_budget_s)
         context.deadline = context.started + budget
     return context.priority_class
-
-
-def remaining_s(deadline: float) -> float:
-    return deadline - time.perf_counter()

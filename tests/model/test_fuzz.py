@@ -19,7 +19,7 @@ from common.hf_tokenizer import load_tokenizer
 from common.padding import pad_sequences
 from export.checkpoint import tokenizer_file
 from model_repository.stages import prefix_encoding
-from model_repository.stages.prefix_encoding import PREFIX_CHARS_PER_TOKEN, encode_truncated
+from model_repository.stages.prefix_encoding import PREFIX_CHARS_PER_TOKEN, PrefixEncoder
 from protocol.kserve_grpc import encode_texts
 from tests.model.test_tokenizer_layouts import XLMR_JSON, hf_tokenizer
 
@@ -122,7 +122,7 @@ def test_prefix_fast_path_gives_the_ids_of_the_whole_text(texts, max_tokens, cha
     spy = EncodeSpy(tokenizer)
     # Prefix lengths of all sizes, so that cuts land at every kind of separator.
     with mock.patch.object(prefix_encoding, "PREFIX_CHARS_PER_TOKEN", chars_per_token):
-        fast = [encoding.ids for encoding in encode_truncated(spy, texts)]
+        fast = [encoding.ids for encoding in PrefixEncoder(spy).encode(texts)]
     assert fast == [encoding.ids for encoding in tokenizer.encode_batch(texts)]
     assert len(spy.calls) <= 2, "one call for the batch, at most one more for the texts the prefix did not settle"
     # Why: a prefix, cut where it was, tokenizes to the first tokens of the whole text (a bad cut shows above
@@ -157,7 +157,7 @@ def test_prefix_cut_before_a_space_gives_the_ids_of_the_whole_text(name, texts, 
     tokenizer = hf_tokenizer(name, max_tokens)
     spy = EncodeSpy(tokenizer)
     with mock.patch.object(prefix_encoding, "PREFIX_CHARS_PER_TOKEN", chars_per_token):
-        fast = [encoding.ids for encoding in encode_truncated(spy, texts)]
+        fast = [encoding.ids for encoding in PrefixEncoder(spy).encode(texts)]
     assert fast == [encoding.ids for encoding in tokenizer.encode_batch(texts)]
     assert len(spy.calls) <= 2, "one call for the batch, at most one more for the texts the prefix did not settle"
     whole = hf_tokenizer(name, None)
@@ -172,7 +172,7 @@ def test_prefix_fast_path_encodes_a_batch_in_one_call_and_leftovers_in_one_more(
     long, unspaced, spaced_out = "the river runs to the sea " * 40_000, "x" * 5_000, "a" + " " * 5_000 + "b c"
     texts = [long, "short", unspaced, spaced_out]
     spy = EncodeSpy(tokenizer)
-    encodings = encode_truncated(spy, texts)
+    encodings = PrefixEncoder(spy).encode(texts)
     assert [e.ids for e in encodings] == [e.ids for e in tokenizer.encode_batch(texts)]
     first, second = spy.calls
     assert first[1] == texts[1], "short texts go whole"
@@ -184,7 +184,7 @@ def test_prefix_fast_path_encodes_a_batch_in_one_call_and_leftovers_in_one_more(
 
     spy = EncodeSpy(load_tokenizer(minilm_tokenizer_file(), 16))
     spy.tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    encode_truncated(spy, texts)
+    PrefixEncoder(spy).encode(texts)
     assert spy.calls == [texts], "BERT's normalizer with another pre-tokenizer: no argument, whole texts"
 
 
