@@ -406,8 +406,7 @@ class TorchEngine(KernelCheck, Engine):
                 return nonzero_rows(out[:n])
             if self.hybrid:
                 rows_of = self._hybrid_host.stage(out, n, tokens, wanted, index)
-                slot.record(self.stream)
-                slot.wait(self.spin_s)
+                self._finished(slot)
                 return rows_of()
             host_out[:rows].copy_(out[:rows] if index is None else out.index_select(0, index), non_blocking=True)
             slot.record(self.stream)
