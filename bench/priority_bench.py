@@ -2,7 +2,7 @@
 queue for every request, in one call; then requests whose time budget cannot be met.
 
     python -m bench.priority_bench --out DIR [--settings FILE] [--query-rate 50] [--ingestion-clients 16]
-        [--ingestion-texts 64] [--duration 20] [--deadline-requests 1000] [--budget-ms 5]
+        [--ingestion-texts 64] [--duration 20] [--deadline-requests 1000] [--budget-ms 5] [--deadline-processes 1 8]
         [--modes lanes one_queue tenants] [--noisy-rate 100] [--noisy-limit 20]
 
 For each mode (`lanes`: priority.enabled, queries to the model's query lane; `one_queue`: priority.enabled =
@@ -16,7 +16,8 @@ real launcher on free ports and drives its API front (POST /v1/embeddings, texts
 Issue 45's bars: queries' p99 beside ingestion <= 2x their p99 alone + 5 ms, ingestion beside queries >= 0.9x
 alone.
 Then, in `lanes` with ingestion running: --deadline-requests requests of one text, sent as ingestion
-(X-Priority) with X-Request-Timeout: --budget-ms ms, 64 at a time: each must be answered 504 within 2x its budget
+(X-Priority) with X-Request-Timeout: --budget-ms ms, 64 at a time (from one process, or shared among each of
+--deadline-processes' counts of processes, a run each): each must be answered 504 within 2x its budget
 + 5 ms, and none may be run: the sequences the stage encoded (its bert_encoder_sequences_per_execute_sum,
 canary off) equal the rows answered 200, and the stage counts each one it refused (bert_requests_expired_total).
 Triton's nv_inference_count is kept beside them: it counts a request the stage refused as an inference.
@@ -63,6 +64,7 @@ requests_per_s = {limit}
 """
 # The canary's own inferences would blur the count of rows Triton ran.
 QUIET = ["server.canary_interval_s=0"]
+AT_ONCE = 64  # deadline requests in flight together
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -92,6 +94,22 @@ class Driver:
         async with self.session.post(self.url, json=body, headers=extra) as response:
             await response.read()
             return response.status, time.perf_counter() - started
+
+    async def bursts(self, extra: dict, count: int, at_once: int) -> list[tuple[int, float]]:
+        """(status, seconds) of `count` one-text requests, `at_once` sent together, the next when all are answered."""
+        answers = []
+        for start in range(0, count, at_once):
+            answers += await asyncio.gather(*(self.post(1, extra) for _ in range(min(at_once, count - start))))
+        return answers
+
+    async def connect(self, connections: int) -> None:
+        """`connections` connections open to the front (GET /v1/models), so that no timed request opens one."""
+
+        async def get() -> None:
+            async with self.session.get(self.url.rsplit("/", 1)[0] + "/models") as response:
+                await response.read()
+
+        await asyncio.gather(*(get() for _ in range(connections)))
 
     async def queries(self, rate: float, duration_s: float, extra: dict | None = None) -> dict:
         """One text a request at `rate`/s for duration_s, each sent on time: p50/p95/p99 of those answered 200,
@@ -162,6 +180,55 @@ class Ingestion:
         }
 
 
+class Bursts:
+    """Deadline requests from `processes` processes, each sending its share AT_ONCE // processes at a time, so that
+    AT_ONCE are in flight in all as from one process, but no one client's loop reads them all: from one aiohttp
+    process, 64 at a time to a server that answers each at 5 ms measured 21 ms at the median on 2 cores
+    (docs/results/cpu-2026-12-06/deadline-client/)."""
+
+    def __init__(self, driver: Driver, extra: dict, count: int, processes: int) -> None:
+        spawn = multiprocessing.get_context("spawn")
+        self.go, self.queue = spawn.Event(), spawn.Queue()
+        shares = [count // processes + (index < count % processes) for index in range(processes)]
+        at_once = max(1, AT_ONCE // processes)
+        self.processes = [
+            spawn.Process(
+                target=burst_client,
+                args=(driver.url, driver.model, driver.corpus, extra, share, at_once, self.go, self.queue),
+                daemon=True,
+            )
+            for share in shares
+        ]
+
+    async def answers(self) -> list[tuple[int, float]]:
+        """Once every process is connected, all sent at once: every process's (status, seconds)."""
+        loop = asyncio.get_running_loop()
+        for process in self.processes:
+            process.start()
+        for _ in self.processes:
+            await loop.run_in_executor(None, self.queue.get, True, 120)
+        self.go.set()
+        answers = []
+        for _ in self.processes:
+            answers += await loop.run_in_executor(None, self.queue.get, True, 120)
+        for process in self.processes:
+            process.join(timeout=30)
+        return answers
+
+
+def burst_client(url: str, model: str, corpus: list[str], extra: dict, count: int, at_once: int, go, queue) -> None:
+    """One of Bursts' processes: puts None once connected, then, after `go`, its requests' (status, seconds)."""
+
+    async def run() -> None:
+        async with Driver(url, model, corpus) as driver:
+            await driver.connect(at_once)
+            queue.put(None)
+            go.wait()
+            queue.put(await driver.bursts(extra, count, at_once))
+
+    asyncio.run(run())
+
+
 def ingestion_client(url: str, model: str, corpus: list[str], texts: int, halt, answers) -> None:
     """One ingestion loop (Ingestion's processes): puts None after its first answer, then, once `halt` is set,
     (texts answered 200 in all, those of the timed loop, requests failed, the timed loop's seconds)."""
@@ -219,24 +286,20 @@ def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-async def deadlines(driver: Driver, args, metrics_url: str, model: str) -> dict:
-    """Requests with a budget they cannot meet, then some with room to spare, beside ingestion; the rows the stage
-    encoded (and those Triton counts) against the rows answered 200."""
+async def deadlines(driver: Driver, args, metrics_url: str, model: str, processes: int) -> dict:
+    """Requests with a budget they cannot meet, sent AT_ONCE at a time from `processes` processes, then some with room
+    to spare, beside ingestion; the rows the stage encoded (and those Triton counts) against the rows answered 200."""
     await asyncio.sleep(2.5)  # the stubs send their counts about once a second: the phases before are all in
     before = scrape_metrics(metrics_url).get(model, {})
     tight = {PRIORITY_HEADER: "ingestion", TIMEOUT_HEADER: f"{args.budget_ms}ms"}
     roomy = {PRIORITY_HEADER: "ingestion", TIMEOUT_HEADER: "30s"}
 
-    async def batches(extra: dict, count: int) -> list[tuple[int, float]]:
-        answers = []
-        for start in range(0, count, 64):
-            answers += await asyncio.gather(*(driver.post(1, extra) for _ in range(min(64, count - start))))
-        return answers
-
+    if processes == 1:
+        tight_sent = driver.bursts(tight, args.deadline_requests, AT_ONCE)
+    else:
+        tight_sent = Bursts(driver, tight, args.deadline_requests, processes).answers()
     ingestion, (tight_answers, roomy_answers) = await driver.saturated(
-        args.ingestion_clients,
-        args.ingestion_texts,
-        asyncio.gather(batches(tight, args.deadline_requests), batches(roomy, 16)),
+        args.ingestion_clients, args.ingestion_texts, asyncio.gather(tight_sent, driver.bursts(roomy, 16, AT_ONCE))
     )
     await asyncio.sleep(2.5)  # what Triton still held has run or been dropped, and the stubs sent their counts
     after = scrape_metrics(metrics_url).get(model, {})
@@ -250,6 +313,7 @@ async def deadlines(driver: Driver, args, metrics_url: str, model: str) -> dict:
     late = [seconds * 1000 for status, seconds in tight_answers]
     return {
         "budget_ms": args.budget_ms,
+        "client_processes": processes,
         "requests": len(tight_answers),
         "answered_504": sum(status == 504 for status, _ in tight_answers),
         "answered_200": sum(status == 200 for status, _ in tight_answers),
@@ -275,7 +339,9 @@ async def drive_mode(ports: Ports, model: str, texts: list[str], args, mode: str
         figures = await contention(driver, args)
         if mode == "lanes" and args.deadline_requests > 0:
             metrics = f"http://127.0.0.1:{ports.metrics}/metrics"
-            figures["deadlines"] = await deadlines(driver, args, metrics, "ensemble")
+            for processes in args.deadline_processes:  # the first as "deadlines", the earlier runs' key
+                key = "deadlines" if processes == args.deadline_processes[0] else f"deadlines_{processes}_processes"
+                figures[key] = await deadlines(driver, args, metrics, "ensemble", processes)
         return figures
 
 
@@ -290,6 +356,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of each phase")
     parser.add_argument("--deadline-requests", type=int, default=1000)
     parser.add_argument("--budget-ms", type=float, default=5.0)
+    parser.add_argument(
+        "--deadline-processes",
+        type=int,
+        nargs="+",
+        default=[1],
+        help=f"client processes the deadline requests come from, {AT_ONCE} at a time in all (each a run of its own)",
+    )
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=["lanes", "one_queue"])
     parser.add_argument("--noisy-rate", type=float, default=100.0, help="tenants: the noisy tenant's requests/s")
     parser.add_argument("--noisy-limit", type=float, default=20.0, help="tenants: its requests_per_s in the keys file")
