@@ -338,18 +338,7 @@ class TorchEngine(KernelCheck, Engine):
             states = self.model.hidden_states(self._eager_batch(ids, lengths, longest))
             cu = torch.from_numpy(np.asarray(bounds, dtype=np.int32)).to(self.torch_device)
             spans = packed_batch(states.new_empty(len(ids), dtype=torch.int32), cu, None, len(cu) - 1, 0)
-            pooled = self.ops.pool(states, spans, "mean", self.spec.normalize)
-            if self.is_cuda:
-                self._finished(self._slots[self._next_slot])
-            return pooled.cpu().numpy()
-
-    def _finished(self, slot: HostSlot) -> None:
-        """Until the stream's work so far is done, waited for as forward's copies are (polled for spin_us, then slept
-        on). A copy that waits for the GPU itself (nonzero's, a .cpu()) waits in CUDA's own spin, a core busy for as
-        long as the encoder runs, and a GPU's instances then keep a core each busy."""
-        slot.wait(self.spin_s)  # its last batch's copies first: the event is reused
-        slot.record(self.stream)
-        slot.wait(self.spin_s)
+            return self.ops.pool(states, spans, "mean", self.spec.normalize).cpu().numpy()
 
     def _keys(self, dev: torch.Tensor, tokens: int, seqs: int) -> torch.Tensor | None:
         return key_view(dev, tokens, seqs, self.tile_block) if self.multi_vector else None
@@ -402,11 +391,11 @@ class TorchEngine(KernelCheck, Engine):
                 out = self._encode(ids, cu, tiles, n_b, longest, self._keys(dev, t_b, n_b))
                 self.eager_runs += 1
             if self.sparse:
-                self._finished(slot)
                 return nonzero_rows(out[:n])
             if self.hybrid:
                 rows_of = self._hybrid_host.stage(out, n, tokens, wanted, index)
-                self._finished(slot)
+                slot.record(self.stream)
+                slot.wait(self.spin_s)
                 return rows_of()
             host_out[:rows].copy_(out[:rows] if index is None else out.index_select(0, index), non_blocking=True)
             slot.record(self.stream)
