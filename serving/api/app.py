@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import logging
 import signal
 import sys
@@ -237,7 +236,6 @@ def main(argv: list[str] | None = None) -> None:
         args.metrics_url or f"http://127.0.0.1:{server.metrics_port}/metrics",
         GpuBoard(args.gpu_board) if args.gpu_board else None,
     )
-    gc.freeze()  # what loading made lives on: full collections under load need not scan it (docs/api.md)
     web.run_app(
         make_app(api),
         host=host,
