@@ -1,5 +1,6 @@
 """A request's deadline in the stage (the API front's parameter deadline_ns, CLOCK_MONOTONIC): refused unrun once it
-has passed, or, in turns on a GPU (gpu_turns.py), once it will pass before its chunk can finish.
+has passed, or once it will pass before its chunk can finish (in turns on a GPU, gpu_turns.py, a piece of the
+batch; elsewhere the whole batch).
 
 How soon a chunk can finish is learned in the stub itself, from its last WINDOW chunks: the fewest seconds per text
 times the chunk's texts, and no less than the quickest recent chunk of at most as many texts took, since a chunk

@@ -80,3 +80,22 @@ class GpuTurns:
             self.board.stamp()
         self.board.mark(0)
         self.ingesting = False
+
+
+class NoTurns:
+    """A stub that takes no turns (no board: a CPU, or no query lane): its batch is one chunk, launched at once."""
+
+    def begin(self, requests: Sequence) -> None:
+        pass
+
+    def chunks(self, requests: list) -> list[list]:
+        return [requests]
+
+    def before_launch(self) -> None:
+        pass
+
+    def after_collect(self) -> None:
+        pass
+
+    def end(self) -> None:
+        pass

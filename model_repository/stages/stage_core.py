@@ -23,7 +23,7 @@ from common.contract import BUDGET_EXPIRED, DEADLINE_PARAMETER, QUERY_INPUT, SCO
 from .classification import label_array, scores_and_labels
 from .deadlines import Pace, expired
 from .engines import Engine
-from .gpu_turns import GpuTurns
+from .gpu_turns import GpuTurns, NoTurns
 from .hybrid_output import HybridOutput
 from .late_chunking import LateChunking, chunk_size
 from .multi_vector_output import MultiVectorSides, kept_counts, vector_outputs
@@ -119,12 +119,12 @@ class StageCore:
         self.late = LateChunking(*text.special_tokens()) if spec.task == "embedding" else None
         multi = spec.task == "multi_vector"
         self.sides = MultiVectorSides(version_dir / "tokenizer.json", spec.multi_vector) if multi else None
-        self.pace = Pace()  # how soon a chunk in turns can finish, for deadlines (deadlines.py)
+        self.pace = Pace()  # how soon a chunk can finish, for deadlines (deadlines.py)
 
     # --- the whole batch at once (the unary model) -----------------------------------------------------------
     def answer(self, requests: list[HeldRequest], turns: GpuTurns | None = None) -> list[Answer]:
         """Each request's answer; with `turns` (gpu_turns.py) the plain path runs in chunks, each launched in its
-        turn on the GPU, the next tokenized while this one computes."""
+        turn on the GPU, the next tokenized while this one computes; without, in one."""
         now = time.monotonic()
         late = {index for index, request in enumerate(requests) if expired(request.deadline, now)}
         if late:  # their budget ran out in Triton's queue: refused unrun
@@ -137,7 +137,7 @@ class StageCore:
         answers: list = [None] * len(requests)
         for side, indices in self._engine_calls(requests, plain, answers).items():
             chosen = [requests[i] for i in indices]
-            results = self._in_turns(chosen, turns, side) if turns is not None else self._at_once(chosen, side)
+            results = self._in_turns(chosen, turns or NoTurns(), side)
             for index, result in zip(indices, results, strict=True):
                 answers[index] = result
         for index, result in zip(others, self.answer_other([requests[i] for i in others]), strict=True):
@@ -157,14 +157,11 @@ class StageCore:
                 answers[index] = str(exc)
         return by_side
 
-    def _at_once(self, requests: list[HeldRequest], side: str | None = None) -> list[Answer]:
-        prepared = self.prepare(requests, side)
-        self.launch(prepared)
-        return self.finish(prepared)
-
-    def _in_turns(self, requests: list[HeldRequest], turns: GpuTurns, side: str | None = None) -> list[Answer]:
-        """Chunk after chunk; a request whose deadline passes before its chunk can finish (while the chunks before it
-        run, or its chunk waits its turn) is refused unrun."""
+    def _in_turns(
+        self, requests: list[HeldRequest], turns: GpuTurns | NoTurns, side: str | None = None
+    ) -> list[Answer]:
+        """Chunk after chunk (one, without a GPU's turns); a request whose deadline passes before its chunk can
+        finish (while the chunks before it run, or its chunk waits its turn) is refused unrun."""
         turns.begin(requests)
         try:
             chunks = turns.chunks(requests)

@@ -105,3 +105,19 @@ def test_a_small_chunk_is_given_at_least_what_small_chunks_took_not_a_large_chun
     assert only_large.soonest_s(1) == pytest.approx(0.002 / 64), "no small chunk seen: its share, never more"
     pace.observe(texts=4, seconds=0.0003)  # the engine got quicker: a slow small chunk no longer holds
     assert pace.soonest_s(1) == pytest.approx(0.0003)
+
+
+def test_without_turns_a_request_whose_batch_cannot_finish_before_its_deadline_is_refused_unrun(core, sentences):
+    """On a CPU, or a GPU with no query lane, the batch is one chunk: the same pace decides."""
+    slow = Pace()
+    slow.observe(texts=1, seconds=10.0)
+    requests = [request(sentences[:1]), request(sentences[1:3])]
+    requests[0].deadline = time.monotonic() + 5
+    pace, core.pace = core.pace, slow
+    try:
+        with engine_runs(core) as runs:
+            hopeless, plain = core.answer(requests)
+    finally:
+        core.pace = pace
+    assert isinstance(hopeless, str) and "could not finish" in hopeless
+    assert plain["embedding"].shape[0] == 2 and runs == [2]
