@@ -19,8 +19,8 @@ of the first of them that is traced. A request with KServe parameters of its own
 threshold, a multi-vector model's queries) goes alone: one call carries one set. A request with a deadline
 (serving/api/priority.py) that passes while it queues leaves the queue unsent (TimedOut); a call's gRPC deadline
 is the latest of its requests', and each request stops waiting at its own. A request with a budget of its own
-(X-Request-Timeout) goes alone, so that its call's deadline is its own: tritonserver drops it unrun once that
-passes, rather than running it for a call that others keep alive.
+(X-Request-Timeout) goes alone, so that its call's deadline is its own: the stage refuses it unrun once that
+passes, rather than running it for a call that others keep alive. No call is cancelled once sent (`_track`).
 """
 
 from __future__ import annotations
@@ -105,18 +105,20 @@ class Coalescer:
         alone: bool = False,
     ) -> dict[str, np.ndarray]:
         """The outputs for these rows (every input one row per text), as if they had been a call of their own;
-        TimedOut once `deadline` (perf_counter() time) has passed; `alone`: a call of its own, whose gRPC
-        deadline is its own (a budget the caller gave)."""
+        TimedOut once `deadline` (perf_counter() time) has passed; `alone`: a call of its own, whose deadline is
+        its own (a budget the caller gave)."""
         rows = len(next(iter(inputs.values())))
         size = sum(len(value) for values in inputs.values() for value in values)
         if deadline is not None and deadline <= time.perf_counter():
             raise TimedOut("its time budget ran out before a call could carry it")
         if alone or parameters or self.max_calls == 0 or rows >= self.max_texts or size >= self.max_bytes:
-            return await self._direct(_Request(inputs, rows, size, parameters, deadline))
-        request = _Request(inputs, rows, size, deadline=deadline)
-        self._queue.append(request)
-        self._queued_rows += rows
-        self._dispatch()
+            request = _Request(inputs, rows, size, parameters, deadline)
+            self._track(self._alone(request))  # a call of its own, never cancelled (_Request's timer answers)
+        else:
+            request = _Request(inputs, rows, size, deadline=deadline)
+            self._queue.append(request)
+            self._queued_rows += rows
+            self._dispatch()
         # A timer of the loop's own, not asyncio.wait_for: every request has a deadline (api.timeout_s at least),
         # and wait_for's extra future and callbacks cost about 6 us a request against the timer's 2.
         timer = None if deadline is None else asyncio.get_running_loop().call_later(
@@ -175,7 +177,13 @@ class Coalescer:
             rows, size = rows + request.rows, size + request.size
         self._queued_rows -= rows
         self._in_flight += 1
-        task = asyncio.get_running_loop().create_task(self._call(batch, time.perf_counter()))
+        self._track(self._call(batch, time.perf_counter()))
+
+    def _track(self, call) -> None:
+        """A call run to its end whoever still waits for it: a request stops waiting at its deadline or when its
+        client goes away, but its call is not cancelled. Tritonserver 2.51 can crash (signal 11) when a call's
+        cancellation meets its answer (upstream issue 7368, fixed in 2.53), which short budgets made common."""
+        task = asyncio.get_running_loop().create_task(call)
         self._calls.add(task)
         task.add_done_callback(self._calls.discard)
 

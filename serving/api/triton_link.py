@@ -6,8 +6,10 @@ texts than the model's max_batch_size, or more bytes than tokenizer.max_request_
 concurrent requests whose outputs are put back in order (a sparse model's padded to the widest part).
 
 A call with a time budget carries its deadline (parameter deadline_ns), so that a stage refuses it unrun once the
-budget is gone, if tritonserver has not dropped it from its queue already. Triton's answers become one of four
-errors the front words for its clients (triton_errors.py).
+budget is gone. Its gRPC deadline comes CANCEL_AFTER_S later, so that tritonserver has answered it by then: a call
+cancelled as its answer comes can crash tritonserver 2.51 (upstream issue 7368, fixed in 2.53; with 1-6 ms budgets
+it did, 2-3 times a minute on 2 cores: docs/results/cpu-2026-12-06/grpc-cancel-crash/). Triton's answers become
+one of four errors the front words for its clients (triton_errors.py).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from protocol.kserve_grpc import (
 from protocol.packed import join_outputs
 from serving.api.call_stats import CallStats
 from serving.api.triton_errors import TimedOut, call_error
+
+CANCEL_AFTER_S = 1.0  # a budgeted call's gRPC deadline after its budget (see above)
 
 
 def chunk_bounds(sizes: Sequence[int], max_texts: int, max_bytes: int) -> list[slice]:
@@ -82,8 +86,8 @@ class TritonLink:
             self.stats.count(model, len(next(iter(inputs.values()))), requests)
         if timeout_s is not None and timeout_s <= 0:
             raise TimedOut("its time budget ran out before the call")
-        timeout = self.timeout_s if timeout_s is None else min(timeout_s, self.timeout_s)
-        if timeout_s is not None:  # past its gRPC deadline the stage refuses it unrun, if Triton has not dropped it
+        timeout = self.timeout_s if timeout_s is None else min(timeout_s + CANCEL_AFTER_S, self.timeout_s)
+        if timeout_s is not None:  # past its deadline the stage refuses it unrun
             parameters = {**(parameters or {}), DEADLINE_PARAMETER: time.monotonic_ns() + int(timeout_s * 1e9)}
         try:
             request = tensors_infer_message(model, inputs, outputs, request_id, parameters).SerializeToString()
@@ -111,8 +115,9 @@ class TritonLink:
         `requests`: how many API requests the rows are (the Coalescer's), for the call statistics;
         `request_id`: Triton's id of the call(s), for its logs and traces; `trace`: W3C trace context headers
         (serving/tracing.py) that make Triton's spans part of the caller's trace; `parameters`: the request's
-        KServe parameters (a sparse model's sparse_top_k, sparse_threshold); `timeout_s`: the gRPC deadline, at
-        most api.timeout_s: past it, tritonserver drops the request from its queue unrun (a cancelled call)."""
+        KServe parameters (a sparse model's sparse_top_k, sparse_threshold); `timeout_s`: the budget, past which the
+        stage refuses the request unrun (deadline_ns); the gRPC deadline is CANCEL_AFTER_S later, at most
+        api.timeout_s."""
         trace = trace or {}
         rows = list(zip(*inputs.values(), strict=True))
         bounds = chunk_bounds([sum(map(len, row)) for row in rows], max_texts, max_bytes)

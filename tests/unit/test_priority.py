@@ -153,6 +153,29 @@ def test_a_request_stops_waiting_at_its_own_deadline_while_its_call_runs_on():
     assert link.rows == 2
 
 
+def test_a_call_of_its_own_is_answered_at_its_deadline_and_never_cancelled():
+    """A budgeted request (alone) stops waiting at its deadline, and its client may leave, but its call runs to its
+    end: tritonserver 2.51 can crash when a call's cancellation meets its answer (serving/api/triton_link.py)."""
+
+    async def run():
+        link = SlowLink(0.2)
+        coalescer = Coalescer(link, "m", ["embedding"], 256, 1 << 20, 4, 0.0)
+        started = time.perf_counter()
+        with pytest.raises(TimedOut):
+            await coalescer.infer({"TEXT": [b"a"]}, deadline=started + 0.05, alone=True)
+        waited = time.perf_counter() - started
+        leaving = asyncio.create_task(coalescer.infer({"TEXT": [b"b"]}, deadline=started + 5.0, alone=True))
+        await asyncio.sleep(0.01)
+        leaving.cancel()  # its client went away
+        calls = list(coalescer._calls)
+        ended = await asyncio.gather(*calls, return_exceptions=True)
+        return waited, calls, ended
+
+    waited, calls, ended = asyncio.run(run())
+    assert waited < 0.15, "answered at its deadline, not when its call ended (0.2 s)"
+    assert len(calls) == 2 and not any(call.cancelled() for call in calls) and ended == [None, None]
+
+
 def test_a_spent_budget_is_refused_before_any_call_and_a_call_carries_the_remaining_budget():
     async def run():
         link = SlowLink(0.0)
