@@ -7,7 +7,7 @@
 # - PART=shapes: bench.e2e_bench (perf_analyzer, unary gRPC) at E2E_SHAPES (texts x concurrency);
 # - PART=priority: bench.priority_bench: one-text queries at 50/s alone and beside SHAPES of ingestion
 #   (clients x texts), then 1,000 requests with a 5 ms budget beside the first shape, from each count of client
-#   processes in DEADLINE_PROCESSES (e.g. "1 8": 64 at a time from one process, then 8 at a time from each of 8).
+#   processes in DEADLINE_PROCESSES ("1 8" unless set: 64 at a time from one process, then 8 at a time from each of 8).
 # SET_<name>: --set overrides for that tree (e.g. SET_new="encoder.instances=8").
 # Run from the repo root with .kit and the trees carried. Results land in $OUT.
 OUT=${OUT:-/tmp/h200_queries_first}
@@ -64,7 +64,7 @@ for pair in $TREES; do
     for shape in $shapes; do
       deadline=(--deadline-requests 0)
       [ "$shape" = "${shapes%% *}" ] && deadline=(--deadline-requests 1000 --budget-ms 5 \
-        --deadline-processes ${DEADLINE_PROCESSES:-1})
+        --deadline-processes ${DEADLINE_PROCESSES:-1 8})
       (cd "$folder" && python3 -m bench.priority_bench --settings "$SETTINGS" "${flags[@]}" --query-rate 50 \
         --ingestion-clients "${shape%x*}" --ingestion-texts "${shape#*x}" --duration "${DURATION:-8}" "${deadline[@]}" \
         "${modes[@]}" --out "$OUT/$name-$shape" 2>&1 | grep -v "^ " | tail -4) || echo "$name $shape: priority_bench failed"
