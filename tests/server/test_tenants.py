@@ -113,8 +113,10 @@ def test_a_tenant_over_its_rate_waits_and_the_others_do_not(served):
     time.sleep(1.0)
     statuses = [kserve(ports, "limited-1").status_code for _ in range(8)]
     assert 429 in statuses and statuses[0] == 200
-    over = grpc_call(ports, bearer("limited-1"))
-    assert over.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    # gRPC shares the bucket; calls in a row, so that the HTTP calls' pace (slow on a cold server) cannot refill it
+    answers = [grpc_call(ports, bearer("limited-1")) for _ in range(8)]
+    over = next((answer for answer in answers if answer is not None), None)
+    assert over is not None and over.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, answers
     assert int(dict(over.trailing_metadata())["retry-after"]) >= 1
     metrics = httpx.get(f"http://127.0.0.1:{ports.api}/metrics", timeout=30).text
     assert 'bert_tenant_requests_total{tenant="free",front="api"}' in metrics
