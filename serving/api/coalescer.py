@@ -217,22 +217,19 @@ class Coalescer:
             self._in_flight -= 1
             self._send_while_free()  # what queued meanwhile waited for this call already
 
-    async def _direct(self, request: _Request) -> dict[str, np.ndarray]:
+    async def _alone(self, request: _Request) -> None:
+        """A call of its own for one request, its answer (or failure) put in request.answer if still awaited."""
         started = time.perf_counter()
         try:
-            return await self.link.infer(
+            answer = await self.link.infer(
                 self.model, request.inputs, self.outputs, self.max_texts, self.max_bytes, 1, request.id, request.trace,
                 parameters={**self.parameters, **(request.parameters or {})} or None, timeout_s=_latest([request]),
             )  # fmt: skip
-        finally:
-            _timed(request.context, started)
-
-    async def _alone(self, request: _Request) -> None:
-        try:
-            answer = await self._direct(request)
         except Exception as exc:
             if not request.answer.done():
                 request.answer.set_exception(exc)
         else:
             if not request.answer.done():
                 request.answer.set_result(answer)
+        finally:  # before its waiter resumes, which is a loop step later
+            _timed(request.context, started)
