@@ -137,7 +137,7 @@ class StageCore:
         answers: list = [None] * len(requests)
         for side, indices in self._engine_calls(requests, plain, answers).items():
             chosen = [requests[i] for i in indices]
-            results = self._in_turns(chosen, turns or NoTurns(), side)
+            results = self._in_chunks(chosen, turns or NoTurns(), side)
             for index, result in zip(indices, results, strict=True):
                 answers[index] = result
         for index, result in zip(others, self.answer_other([requests[i] for i in others]), strict=True):
@@ -157,7 +157,7 @@ class StageCore:
                 answers[index] = str(exc)
         return by_side
 
-    def _in_turns(
+    def _in_chunks(
         self, requests: list[HeldRequest], turns: GpuTurns | NoTurns, side: str | None = None
     ) -> list[Answer]:
         """Chunk after chunk (one, without a GPU's turns); a request whose deadline passes before its chunk can
