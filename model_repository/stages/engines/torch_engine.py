@@ -421,9 +421,3 @@ class TorchEngine(KernelCheck, Engine):
         self._graphs[key] = (g, out)
         self.graph_captures += 1
         return self._graphs[key]
-
-    def warmup(self, shapes) -> None:
-        """Captures graphs ahead of traffic: shapes is an iterable of (tokens, sequences) pairs."""
-        for tokens, seqs in shapes:
-            per = max(1, tokens // seqs)
-            self.forward([np.full(per, 100, dtype=np.int32) for _ in range(seqs)])
