@@ -208,9 +208,6 @@ class TritonServer:
         tail = self.log_path.read_text(errors="replace").splitlines()[-lines:]
         return f"last lines of {self.log_path}:\n" + "\n".join(tail)
 
-    def model_ready(self, model: str) -> bool:
-        return self._http_ok(f"/v2/models/{model}/ready")
-
     def _http_ok(self, path: str) -> bool:
         try:
             with urllib.request.urlopen(f"http://{self.http_url}{path}", timeout=2) as response:
