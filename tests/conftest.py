@@ -23,6 +23,7 @@ from tests.leftovers import leftovers, stub_argvs
 # What the session found when it started (stubs, shared-memory regions), and where its own files are.
 _BEFORE = pytest.StashKey[tuple[set[int], set[str]]]()
 _TEMP = pytest.StashKey[Path]()
+_LEFT = pytest.StashKey[list[str]]()
 LEFTOVER_GRACE_S = 15.0  # a server stopped by the last fixture may still be unloading
 
 
@@ -44,8 +45,14 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     while (left := leftovers(session.config.stash[_BEFORE], roots)) and time.monotonic() < deadline:
         time.sleep(0.5)
     if left:
-        print("\nThe session left behind:\n  " + "\n  ".join(left), flush=True)
+        session.config.stash[_LEFT] = left
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_unconfigure(config) -> None:
+    """What the session left, after pytest's own summary: CI shows the output's tail."""
+    if left := config.stash.get(_LEFT, None):
+        print("\nFAILED: the session left behind:\n  " + "\n  ".join(left), flush=True)
 
 
 @pytest.fixture(scope="session")
