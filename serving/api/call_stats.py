@@ -5,12 +5,13 @@ Every worker of one front counts its own calls into a small file of counters (a 
 store, no system call) in a folder its siblings share, `bert-triton-api-<port>-<supervisor pid>` under the
 temporary directory. /metrics, answered by any one worker, sums every sibling's file, so a scrape sees the whole
 front whichever worker answers it, and a worker that died and was started again keeps its predecessor's counts
-(Prometheus counters do not go down while the front runs). Folders of fronts whose supervisor is gone are
-removed when a worker starts.
+(Prometheus counters do not go down while the front runs). The last worker to stop removes the folder; folders of
+fronts whose supervisor was killed are removed when a worker starts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import shutil
@@ -72,6 +73,20 @@ class CallStats:
         # Counters as Python ints over the map: numpy memmap rows cost 15.7 against 1.8 us for one request's
         # two counts (2 cores, docs/results/cpu-2026-12-05/call-stats), on every request.
         self._counts = memoryview(self._map).cast("Q")
+
+    def close(self) -> None:
+        """This worker's file goes with it; the last worker to go (no live worker's file left, whatever order they
+        stop in) takes its dead predecessors' files and the folder."""
+        self._counts.release()
+        self._map.close()
+        (self.folder / f"{os.getpid()}.u64").unlink(missing_ok=True)
+        others = list(self.folder.glob("*.u64"))
+        if any(path.stem.isdigit() and _alive(int(path.stem)) for path in others):
+            return
+        for path in others:
+            path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a sibling that stops at the same moment removed it first
+            self.folder.rmdir()
 
     def count(self, model: str, texts: int, requests: int) -> None:
         row, counts = self._rows[model] * _ROW, self._counts

@@ -66,6 +66,7 @@ class Api:
         yield
         await self.link.close()
         await self.session.close()
+        self.stats.close()
         if self.tracing is not None:
             self.tracing.shutdown()
 

@@ -1,12 +1,16 @@
 """Coalescing in the API front (serving/api/coalescer.py) on the real tritonserver: requests that share one Triton
 call get the answers they get alone (order, usage, the embedding bytes), a text Triton refuses fails its own
-request only, a client that leaves mid-batch costs the others nothing, and /metrics counts the shared calls."""
+request only, a client that leaves mid-batch costs the others nothing, and /metrics counts the shared calls in
+files that go with the front."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import re
+import tempfile
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -102,6 +106,17 @@ def test_a_text_triton_refuses_fails_only_its_own_request(server, repository, se
     assert statuses == [200] * 4 + [400] + [200] * 4, statuses
     assert "tritonserver refused the texts" in answers[5].json()["error"]["message"]
     assert after.status_code == 200
+
+
+def test_a_stopped_front_leaves_no_counters_behind(server, repository, settings):
+    front = Front(repository, urls(server))
+    counters = Path(tempfile.gettempdir()) / f"bert-triton-api-{front.port}-{os.getpid()}"  # this test runs it
+    try:
+        assert front.post("/v1/embeddings", {"model": settings.model.name, "input": "counted"}).status_code == 200
+        assert list(counters.glob("*.u64"))
+    finally:
+        front.stop()
+    assert not counters.exists()
 
 
 def test_a_client_that_leaves_mid_batch_costs_the_others_nothing(coalescing, settings):
