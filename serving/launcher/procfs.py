@@ -37,6 +37,14 @@ def child_processes(parent: int, proc: Path = Path("/proc")) -> list[tuple[int, 
     return found
 
 
+def running(pid: int, proc: Path = Path("/proc")) -> bool:
+    """Whether `pid` is a process that has not ended: a zombie, dead but not yet reaped by its parent, has."""
+    try:
+        return (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
 @dataclass(frozen=True)
 class Stub:
     pid: int

@@ -20,7 +20,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from serving.launcher.procfs import Stub, stubs
+from serving.launcher.procfs import Stub, running, stubs
+from serving.launcher.shm import remove_regions
 
 # A config parameter the stages ignore; bumping it is what makes Triton reload the model.
 GENERATION_PARAMETER = "watchdog_generation"
@@ -56,6 +57,7 @@ class StubWatchdog:
     restarts: list[Restart] = field(default_factory=list)
     expected: Counter = field(default_factory=Counter)
     regions: set = field(default_factory=set)  # every stub's shared-memory region seen, to remove when Triton exits
+    _seen: set = field(default_factory=set)  # the stubs the last poll found
     _down: dict = field(default_factory=dict)  # model -> Restart in progress
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -97,6 +99,11 @@ class StubWatchdog:
     def _live(self) -> list[Stub]:
         found = stubs(self.server_pid)
         self.regions.update(stub.region for stub in found)
+        # A dead stub's 16 MiB region serves nobody (a reload makes new ones): freed now, not at tritonserver's
+        # exit, so that stubs that keep dying cannot fill /dev/shm (a container's is 64 MiB by default).
+        dead = {stub for stub in self._seen.difference(found) if not running(stub.pid)}
+        remove_regions({stub.region for stub in dead})
+        self._seen = set(found)
         return found
 
     def check(self) -> None:

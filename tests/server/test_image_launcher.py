@@ -21,8 +21,7 @@ import yaml
 
 from client import TextClient
 from serving.launcher import harness
-from serving.launcher.procfs import child_processes, stub_processes
-from serving.launcher.shm import SHM_REGION_PREFIX, mapped_files, remove_regions
+from serving.launcher.procfs import child_processes, running, stub_processes, stubs
 from serving.launcher.triton_command import Ports
 from serving.launcher.triton_install import (
     check_stub_python,
@@ -31,7 +30,6 @@ from serving.launcher.triton_install import (
     triton_home,
     triton_libs,
 )
-from tests.leftovers import stub_argvs
 from tests.support import (
     CHART,
     DOCKER,
@@ -57,7 +55,6 @@ def image_like_server(settings, repository, tmp_path_factory):
     /opt/tritonserver/backends). The settings file only differs from the default in free ports.
     """
     work = tmp_path_factory.mktemp("image_like")
-    regions_before = {region.name for region in Path("/dev/shm").glob(f"{SHM_REGION_PREFIX}*")}
     ports = Ports.free()
     text = settings.path.read_text()
     names = ("http_port", "grpc_port", "metrics_port", "health_port", "triton_http_port")
@@ -97,14 +94,6 @@ def image_like_server(settings, repository, tmp_path_factory):
     yield dataclasses.make_dataclass("ImageLike", ["process", "ports", "url", "settings"])(process, ports, url, text)
     process.kill()  # tritonserver follows its launcher (PR_SET_PDEATHSIG); a drain would wait for the dead stub
     process.wait()
-    # Nobody is left to remove what the killed stub of the test below left: its shared-memory region (the
-    # server's other stubs end with their tritonserver, stages/parent_watch.py, and free their own).
-    deadline = time.monotonic() + 10
-    while any(argv[0].startswith(str(work)) for argv in stub_argvs().values()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    mapped = mapped_files()
-    ours = {r.name for r in Path("/dev/shm").glob(f"{SHM_REGION_PREFIX}*") if str(r) not in mapped}
-    remove_regions(ours - regions_before)
 
 
 def triton_process(launcher: int) -> tuple[int, str, list[bytes]]:
@@ -158,14 +147,6 @@ def test_chart_readiness_command_against_the_image_like_server(image_like_server
     assert run.returncode == 0, run.stderr
 
 
-def alive(pid: int) -> bool:
-    """Running, not a zombie waiting to be reaped."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def launcher_ready(server) -> tuple[int, dict]:
     return harness.launcher_ready(server.ports.health, timeout_s=5)
 
@@ -173,15 +154,17 @@ def launcher_ready(server) -> tuple[int, dict]:
 def test_a_dead_stub_fails_the_charts_probe_until_the_watchdog_restarts_it(image_like_server):
     """Triton 2.51 keeps /v2/health/ready at 200 with a dead stub: the chart's readiness probe (a real inference,
     docker/healthcheck.py) fails meanwhile, which is why it exists; the launcher's /ready reports the stage
-    until its watchdog has restarted it, and the probe passes again. The server is left as it was found."""
+    until its watchdog has restarted it and freed the dead stub's region, and the probe passes again. The server
+    is left as it was found."""
     server = image_like_server
     (triton, _, _) = triton_process(server.process.pid)
-    (stub,) = stub_processes(triton)["ensemble"]  # the one-stage model: tokenizer and encoder in one stub
+    # The one-stage model: tokenizer and encoder in one stub.
+    ((stub, region),) = [(stub.pid, stub.region) for stub in stubs(triton) if stub.model == "ensemble"]
     restarts = len(launcher_ready(server)[1].get("stub_restarts", []))
     os.kill(server.process.pid, signal.SIGSTOP)  # the launcher paused: its watchdog cannot restart the stub yet
     try:
         os.kill(stub, signal.SIGKILL)
-        while alive(stub):
+        while running(stub):
             time.sleep(0.02)
         problem = healthcheck.problem(server.url)
         assert problem and "not healthy" in problem, problem
@@ -199,6 +182,7 @@ def test_a_dead_stub_fails_the_charts_probe_until_the_watchdog_restarts_it(image
     assert state[1]["stub_restarts"][-1]["model"] == "ensemble"
     assert healthcheck.main(["--url", server.url]) == 0
     assert stub_processes(triton)["ensemble"] != [stub]
+    assert not (Path("/dev/shm") / region).exists(), "the watchdog freed the dead stub's shared memory"
 
 
 # ---------------------------------------------------------------------------------------------------------

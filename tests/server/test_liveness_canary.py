@@ -10,7 +10,6 @@ import re
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
@@ -19,6 +18,7 @@ from loadtest.faults import launcher_live
 from loadtest.reliability import Load
 from serving.launcher.canary import STATISTICS_TIMEOUT_S
 from serving.launcher.harness import Launcher
+from serving.launcher.procfs import running
 from serving.launcher.triton_command import Ports
 
 INTERVAL_S, TIMEOUT_S = 0.5, 2.0
@@ -75,14 +75,6 @@ def test_a_stopped_tritonserver_is_found_hung_killed_and_started_again(launcher,
     assert tally["succeeded"] > 0
 
 
-def alive(pid: int) -> bool:
-    """Running (or stopped), not a zombie its tritonserver has yet to reap."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_a_stopped_stub_of_the_model_is_found_hung_and_reloaded(launcher, settings):
     """The model's own stub, not its lane's: alive, so the watchdog does not see it, while its requests wait. The
     canary finds the model answering nothing, the launcher kills the stub, the watchdog reloads the model; the
@@ -93,7 +85,7 @@ def test_a_stopped_stub_of_the_model_is_found_hung_and_reloaded(launcher, settin
     (stub,) = launcher.stub_pids("ensemble")
     os.kill(stub, signal.SIGSTOP)
     stopped = time.monotonic()
-    while alive(stub) and time.monotonic() - stopped < 30:
+    while running(stub) and time.monotonic() - stopped < 30:
         time.sleep(0.05)
     found_s = time.monotonic() - stopped
     log = launcher.log_path.read_text()

@@ -14,16 +14,7 @@ import pytest
 
 from model_repository.generate import generate
 from serving.launcher.harness import local_server
-from serving.launcher.procfs import stubs
-
-
-def alive(pid: int) -> bool:
-    """Whether pid is a process that has not ended (a zombie has)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
+from serving.launcher.procfs import running, stubs
 
 
 @pytest.mark.parametrize("topology", ["one_stage", "two_stage"])
@@ -41,9 +32,9 @@ def test_a_killed_tritonservers_stubs_end_and_free_their_shared_memory(settings,
         # which the stub's own liveness check (kill(parent, 0)) still takes for alive.
         os.kill(server.process.pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(alive(stub.pid) for stub in found):
+        while time.monotonic() < deadline and any(running(stub.pid) for stub in found):
             time.sleep(0.1)
-        left = [stub for stub in found if alive(stub.pid)]
+        left = [stub for stub in found if running(stub.pid)]
         assert not left, f"stubs outlived their tritonserver: {left}"
         assert not [stub.region for stub in found if (Path("/dev/shm") / stub.region).exists()]
     finally:

@@ -27,11 +27,12 @@ from loadtest import reliability
 from model_repository.configs import python_models
 from model_repository.generate import generate
 from serving.launcher.harness import Launcher
-from serving.launcher.procfs import child_processes
+from serving.launcher.procfs import child_processes, running, stubs
 from serving.launcher.shm import SHM_REGION_PREFIX
 from serving.launcher.triton_command import Ports
 from serving.workers import STOP_WAIT_S
 from settings import Deployment, load_settings
+from tests.leftovers import stub_argvs
 from tests.support import scrape
 
 
@@ -239,20 +240,8 @@ def test_launcher_gives_up_on_a_crash_loop(settings, repository, tmp_path):
     assert "died 2 times within 300 s (server.max_restarts = 1): giving up" in log
 
 
-def stub_pids() -> set[int]:
-    """Every Python-backend stub process on this machine."""
-    found = set()
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if cmdline.read_bytes().split(b"\0")[0].endswith(b"triton_python_backend_stub"):
-                found.add(int(cmdline.parent.name))
-        except OSError:
-            continue
-    return found
-
-
 def test_a_second_server_on_the_same_ports_names_the_port_and_leaves_nothing(launcher, repository):
-    stubs_before = stub_pids()
+    stubs_before = set(stub_argvs())
     command = [sys.executable, "-m", "serving.launcher", "--repository", str(repository), "--host", "127.0.0.1"]
     for name in ("http", "grpc", "metrics"):
         command += [f"--{name}-port", str(getattr(launcher.ports, name))]
@@ -260,7 +249,7 @@ def test_a_second_server_on_the_same_ports_names_the_port_and_leaves_nothing(lau
     run = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert run.returncode == 1
     assert f"port {launcher.ports.http} on 127.0.0.1 (server.http_port) is in use" in run.stderr, run.stderr
-    assert stub_pids() <= stubs_before, "the refused server started no stubs"
+    assert set(stub_argvs()) <= stubs_before, "the refused server started no stubs"
     assert launcher.ready()[0] == 200, "and the running one keeps serving"
 
 
@@ -283,9 +272,10 @@ def test_shared_memory_of_a_killed_tritonserver_is_removed(settings, repository,
 
 
 def test_one_of_several_stubs_is_restored_and_the_launchers_children_die_with_it(settings, exported, tmp_path):
-    """Two instances of the one-stage model: the watchdog reloads the stage when one stub dies, and both serve
-    again. A SIGKILLed launcher takes tritonserver and its other children with it (PR_SET_PDEATHSIG): nothing
-    is left holding the ports."""
+    """Two instances of the one-stage model: the watchdog reloads the stage when one stub dies, frees the dead
+    stub's shared memory, and both serve again. A SIGKILLed launcher takes tritonserver and its other children
+    with it (PR_SET_PDEATHSIG): nothing is left holding the ports, and the stubs end and free their own regions
+    (stages/parent_watch.py)."""
     path = tmp_path / "settings.toml"
     model = settings.model
     path.write_text(
@@ -294,18 +284,20 @@ def test_one_of_several_stubs_is_restored_and_the_launchers_children_die_with_it
     settings = load_settings(path)
     repository = generate(settings, exported, tmp_path / "model_repository")
     launcher = Launcher(path, repository, Ports.free(), tmp_path / "launcher.log").start()
-    stubs = []
+    reloaded = []
     try:
         assert launcher.expected_stubs("ensemble") == 2
-        first, _ = launcher.stub_pids("ensemble")
-        os.kill(first, signal.SIGKILL)
+        first, _ = (stub for stub in stubs(launcher.triton_pid) if stub.model == "ensemble")
+        os.kill(first.pid, signal.SIGKILL)
         deadline = time.monotonic() + 90
-        while (
-            not (len(stubs := launcher.stub_pids("ensemble")) == 2 and first not in stubs) or launcher.ready()[0] != 200
+        while not (len(pids := launcher.stub_pids("ensemble")) == 2 and first.pid not in pids) or (
+            launcher.ready()[0] != 200
         ):
-            assert time.monotonic() < deadline, (stubs, launcher.ready())
+            assert time.monotonic() < deadline, (pids, launcher.ready())
             time.sleep(0.1)
         assert launcher.ready()[1]["stub_restarts"][-1]["model"] == "ensemble"
+        assert first.region not in shm_regions(), "the dead stub's region is freed at once, not at Triton's exit"
+        reloaded = stubs(launcher.triton_pid)
         with TextClient(f"127.0.0.1:{launcher.ports.grpc}", "grpc") as client:
             assert client.embed(["two instances again"] * 8).shape == (8, 384)
         children = {pid: argv[0] for pid, _, argv in child_processes(launcher.process.pid)}
@@ -313,20 +305,14 @@ def test_one_of_several_stubs_is_restored_and_the_launchers_children_die_with_it
         launcher.process.kill()
         launcher.process.wait()
         deadline = time.monotonic() + 30
-        while left := {pid: name for pid, name in children.items() if alive(pid)}:
+        while left := {pid: name for pid, name in children.items() if running(pid)}:
             assert time.monotonic() < deadline, f"outlived the launcher: {left}"
+            time.sleep(0.1)
+        while left := [stub for stub in reloaded if running(stub.pid) or stub.region in shm_regions()]:
+            assert time.monotonic() < deadline, f"outlived their tritonserver: {left}"
             time.sleep(0.1)
     finally:
         launcher.kill()
-        # Not the launcher's children: a stub of the reloaded stage can outlive its killed tritonserver.
-        for pid in stubs:
+        for stub in reloaded:  # only where the test failed: the stubs end themselves
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-
-def alive(pid: int) -> bool:
-    """Running, not a zombie waiting to be reaped."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+                os.kill(stub.pid, signal.SIGKILL)

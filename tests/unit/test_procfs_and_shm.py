@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bench.process_cpu import busiest_threads, thread_cpu_s
-from serving.launcher.procfs import child_processes, process_cpu_s
+from serving.launcher.procfs import child_processes, process_cpu_s, running
 from serving.launcher.shm import SHM_REGION_PREFIX, mapped_files, remove_orphaned_shm, remove_regions
 
 SHM = Path("/dev/shm")
@@ -39,11 +39,14 @@ def test_child_processes_are_the_parents_children_with_their_argv(children):
     assert grandchild_free == set()
 
 
-def test_child_processes_sees_a_zombie_as_state_z(children):
+def test_a_zombie_is_state_z_and_not_running(children):
     children[0].kill()
     time.sleep(0.2)  # not waited for: a zombie until reaped, as Triton leaves a dead stub
     states = {pid: state for pid, state, _ in child_processes(os.getpid())}
     assert states[children[0].pid] == "Z"
+    assert not running(children[0].pid) and running(children[1].pid)
+    children[0].wait()
+    assert not running(children[0].pid), "reaped: gone from /proc"
 
 
 def test_process_cpu_counts_busy_time_and_is_zero_for_the_gone():
