@@ -8,7 +8,8 @@ stub alive, not shutting down), and on SIGTERM or SIGINT drains: /ready turns 50
 serving until no request has completed for a second (at most server.exit_timeout_s), then gets SIGTERM and
 has that again, plus server.unload_s_per_stub per Python stub, to finish (Deployment.triton_exit_timeout_s).
 tritonserver runs in a session of its own, so a Ctrl-C in the terminal reaches the launcher alone (which
-drains); what it leaves when it exits (stubs, shared memory) goes.
+drains); what it leaves when it exits (stubs, shared memory) goes, and so do the stubs of a killed launcher
+(orphan_reaper.py).
 
 In order: the settings and the repository are checked, stale shared memory is removed, the health port opens
 (503 until Triton is up), the HTTP front, the metrics port and the API front start (fronts.py), and the
@@ -20,7 +21,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import signal
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -113,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     removed = remove_orphaned_shm()
     if removed:
         log.info(f"removed {len(removed)} shared-memory regions that dead stubs left in /dev/shm")
+    # Outlives a SIGKILL of this process, to end the stubs that cannot end themselves (orphan_reaper.py).
+    reaper = [sys.executable, "-m", "serving.launcher.orphan_reaper", str(os.getpid()), str(server.repository)]
+    subprocess.Popen(reaper, stdin=subprocess.DEVNULL, start_new_session=True)
     try:  # the launcher's own port first: /ready says 503 until Triton is up
         health = HealthEndpoint(server.host, ports.health, supervisor)
     except ServerError as exc:
