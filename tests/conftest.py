@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from serving.launcher.procfs import stub_argvs
 from serving.launcher.shm import SHM_REGION_PREFIX
 from settings import ROOT, load_settings
-from tests.leftovers import leftovers, stub_argvs
+from tests.leftovers import leftovers
 
 # What the session found when it started (stubs, shared-memory regions), and where its own files are.
 _BEFORE = pytest.StashKey[tuple[set[int], set[str]]]()

@@ -1,25 +1,13 @@
 """What a test session leaves running: stubs and Python-backend shared memory (tests/conftest.py fails the run on
-any). Standard library only, so that every suite's conftest can import it (the GPU tests run without Triton)."""
+any). Standard library and serving/launcher's procfs.py and shm.py only, so that every suite's conftest can import
+it (the GPU tests run without Triton)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from serving.launcher.procfs import stub_argvs
 from serving.launcher.shm import SHM_REGION_PREFIX, mapped_files
-
-
-def stub_argvs(proc: Path = Path("/proc")) -> dict[int, list[str]]:
-    """Every live Python-backend stub on this machine: pid -> its command line."""
-    found = {}
-    for cmdline in proc.glob("[0-9]*/cmdline"):
-        try:
-            argv = cmdline.read_bytes().split(b"\0")
-            state = (cmdline.parent / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue  # ended meanwhile
-        if argv[0].endswith(b"triton_python_backend_stub") and state not in ("Z", "X"):
-            found[int(cmdline.parent.name)] = [arg.decode(errors="replace") for arg in argv if arg]
-    return found
 
 
 def leftovers(before: tuple[set[int], set[str]], roots: list[Path], shm: Path = Path("/dev/shm")) -> list[str]:

@@ -17,26 +17,22 @@ import sys
 import time
 from pathlib import Path
 
-from serving.launcher.procfs import Stub, running
+from serving.launcher.procfs import Stub, running, stub_argvs
 from serving.launcher.shm import remove_regions
 
 POLL_S = 1.0
 GRACE_S = 5.0
 
 
-def orphaned_stubs(repository: Path, proc: Path = Path("/proc")) -> list[Stub]:
+def orphaned_stubs(repository: Path) -> list[Stub]:
     """Running stubs of models under `repository` whose tritonserver (the pid in their command line) has ended."""
     found = []
-    for cmdline in proc.glob("[0-9]*/cmdline"):
-        try:
-            argv = [arg.decode(errors="replace") for arg in cmdline.read_bytes().split(b"\0")]
-        except OSError:
-            continue  # ended meanwhile
+    for pid, argv in stub_argvs().items():
         # `stub <repository>/<model>/<version>/model.py <region> <default bytes> <growth bytes> <tritonserver pid> ...`
-        if len(argv) < 6 or not argv[0].endswith("triton_python_backend_stub") or not argv[5].isdigit():
+        if len(argv) < 6 or not argv[5].isdigit():
             continue
-        model_py, pid = Path(argv[1]).resolve(), int(cmdline.parent.name)
-        if model_py.is_relative_to(repository) and not running(int(argv[5])) and running(pid):
+        model_py = Path(argv[1]).resolve()
+        if model_py.is_relative_to(repository) and not running(int(argv[5])):
             found.append(Stub(pid, model_py.parts[-3], argv[2]))
     return found
 

@@ -1,6 +1,6 @@
 """What /proc says about tritonserver's children: its Python-backend stubs (per model, with their shared-memory
-region) and the CPU time a process has used. The watchdog, the drain, the reliability runs and the benchmarks
-read the stubs from here."""
+region) and the CPU time a process has used. The watchdog, the drain, the orphan reaper, the reliability runs,
+the benchmarks and the tests' leftover check read the stubs from here."""
 
 from __future__ import annotations
 
@@ -62,6 +62,20 @@ def stubs(server_pid: int) -> list[Stub]:
         for pid, state, argv in child_processes(server_pid)
         if state not in ("Z", "X") and len(argv) > 2 and argv[0].endswith(b"triton_python_backend_stub")
     ]
+
+
+def stub_argvs(proc: Path = Path("/proc")) -> dict[int, list[str]]:
+    """Every live Python-backend stub on this machine, whatever its parent: pid -> its command line."""
+    found = {}
+    for cmdline in proc.glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+            state = (cmdline.parent / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue  # ended meanwhile
+        if argv[0].endswith(b"triton_python_backend_stub") and state not in ("Z", "X"):
+            found[int(cmdline.parent.name)] = [arg.decode(errors="replace") for arg in argv if arg]
+    return found
 
 
 def stub_processes(server_pid: int) -> dict[str, list[int]]:

@@ -27,12 +27,11 @@ from loadtest import reliability
 from model_repository.configs import python_models
 from model_repository.generate import generate
 from serving.launcher.harness import Launcher
-from serving.launcher.procfs import child_processes, running, stubs
+from serving.launcher.procfs import child_processes, running, stub_argvs, stubs
 from serving.launcher.shm import SHM_REGION_PREFIX
 from serving.launcher.triton_command import Ports
 from serving.workers import STOP_WAIT_S
 from settings import Deployment, load_settings
-from tests.leftovers import stub_argvs
 from tests.support import scrape
 
 
