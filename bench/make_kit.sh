@@ -42,13 +42,14 @@ read -r -a XZ_ARGS <<<"${XZ_OPT_KIT:--T2 --x86 --lzma2=preset=9e}"
 
 PYTRITON_VERSION=0.7.0
 TRITONCLIENT_VERSION=2.51.0
-# Binary wheels (cp$KIT_PY, manylinux x86_64).  grpcio >= 1.67 is required by the
-# generated service_pb2_grpc.py of tritonclient 2.51; protobuf < 5 by its metadata.
+# Binary wheels (cp$KIT_PY, manylinux x86_64).  grpcio: the project's own pin (pyproject.toml), so that the
+# API front's gRPC client on the GPU host is the one users install (tritonclient 2.51's generated
+# service_pb2_grpc.py needs >= 1.67); protobuf < 5 by tritonclient 2.51's metadata.
 # geventhttpclient: tritonclient 2.51 pins <=2.0.2 (an HTTPS-only test issue upstream),
 # which has no cp312 wheel; Locust 2.47 needs >= 2.5.1.  The last five: Locust's own.
 BINARY_WHEELS=(
     numpy==1.26.4
-    grpcio==1.67.1
+    grpcio==1.85.4
     protobuf==4.25.8
     python-rapidjson==1.20
     gevent==24.11.1
