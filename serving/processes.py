@@ -9,11 +9,11 @@ import signal
 import socket
 from collections.abc import MutableMapping
 
-# grpcio >= 1.81 (what tritonclient 2.73's generated code needs) answers a grpc.aio call through its EventEngine:
+# grpcio 1.85 (pinned; tritonclient 2.73's code needs >= 1.81) answers a grpc.aio call through its EventEngine:
 # its poller wakes a worker thread, which reads the socket and wakes grpc.aio's own thread, which wakes the event
 # loop. Without that experiment, grpc.aio's thread polls and reads the socket itself. One call at a time to
-# tritonserver on 2 cores, grpcio 1.85.4: 0.51-0.52 ms p50 and 320-326 us of the caller's CPU a call, against
-# 0.58-0.60 ms and 394-404 us (docs/results/cpu-2026-12-06/grpc-poller/).
+# tritonserver on 2 cores: 0.51-0.52 ms p50 and 320-326 us of the caller's CPU a call, against 0.58-0.60 ms and
+# 394-404 us (docs/results/cpu-2026-12-06/grpc-poller/; grpcio 1.67.1 did not pay it).
 GRPC_EXPERIMENTS = "-event_engine_client"
 
 
