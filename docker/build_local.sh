@@ -76,8 +76,8 @@ base_image() {
 
 # TENSORRT_VERSION empty: the base has no TensorRT to check.
 server_image() {
-    local pins=(NUMPY_VERSION TOKENIZERS_VERSION TRITONCLIENT_VERSION TOMLI_VERSION AIOHTTP_VERSION ORJSON_VERSION
-        OPENTELEMETRY_VERSION NVIDIA_ML_PY_VERSION) args=() pin
+    local pins=(NUMPY_VERSION TOKENIZERS_VERSION TRITONCLIENT_VERSION GRPCIO_VERSION TOMLI_VERSION AIOHTTP_VERSION
+        ORJSON_VERSION OPENTELEMETRY_VERSION NVIDIA_ML_PY_VERSION) args=() pin
     for pin in "${pins[@]}"; do args+=(--build-arg "$pin=${!pin}"); done
     build -f docker/server.Dockerfile "${args[@]}" --build-arg "TRITONSERVER_IMAGE=$LOCAL_BASE_IMAGE" \
         --build-arg TENSORRT_VERSION= --build-arg "ONNXRUNTIME_VERSION=$LOCAL_ONNXRUNTIME_VERSION" \

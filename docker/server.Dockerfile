@@ -24,6 +24,7 @@ ARG NUMPY_VERSION=1.26.4
 ARG TOKENIZERS_VERSION=0.23.3
 ARG ONNXRUNTIME_VERSION=1.23.2
 ARG TRITONCLIENT_VERSION=2.73.0
+ARG GRPCIO_VERSION=1.85.4
 ARG TOMLI_VERSION=2.5.0
 ARG AIOHTTP_VERSION=3.14.5
 ARG ORJSON_VERSION=3.13.0
@@ -58,6 +59,7 @@ RUN --mount=type=secret,id=pip_cert \
         "tokenizers==${TOKENIZERS_VERSION}" \
         "onnxruntime==${ONNXRUNTIME_VERSION}" \
         "tritonclient[grpc]==${TRITONCLIENT_VERSION}" \
+        "grpcio==${GRPCIO_VERSION}" \
         "aiohttp==${AIOHTTP_VERSION}" \
         "orjson==${ORJSON_VERSION}" \
         "opentelemetry-sdk==${OPENTELEMETRY_VERSION}" \

@@ -147,7 +147,7 @@ def test_versions_agree_with_versions_env():
     pins = dict(re.fullmatch(r"([\w-]+)(?:\[[\w,]+\])?==(\S+)", line).groups() for line in requirements)
     no_cp310_wheel = {"onnxruntime"}  # 1.32.0 needs Python >= 3.11 (the comment in versions.env says so)
     packages = ("numpy", "tokenizers", "onnxruntime", "tritonclient", "torch", "safetensors", "aiohttp", "orjson")
-    for package in (*packages, "nvidia-ml-py"):
+    for package in (*packages, "grpcio", "nvidia-ml-py"):
         pinned = VERSIONS[f"{package.upper().replace('-', '_')}_VERSION"]
         if package in no_cp310_wheel:
             assert (

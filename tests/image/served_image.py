@@ -133,6 +133,7 @@ SERVER_PINS = {
     "TOKENIZERS_VERSION": "tokenizers",
     "LOCAL_ONNXRUNTIME_VERSION": "onnxruntime",
     "TRITONCLIENT_VERSION": "tritonclient",
+    "GRPCIO_VERSION": "grpcio",
     "AIOHTTP_VERSION": "aiohttp",
     "ORJSON_VERSION": "orjson",
     "OPENTELEMETRY_VERSION": "opentelemetry-sdk",
