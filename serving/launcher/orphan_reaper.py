@@ -28,12 +28,10 @@ def orphaned_stubs(repository: Path) -> list[Stub]:
     """Running stubs of models under `repository` whose tritonserver (the pid in their command line) has ended."""
     found = []
     for pid, argv in stub_argvs().items():
-        # `stub <repository>/<model>/<version>/model.py <region> <default bytes> <growth bytes> <tritonserver pid> ...`
-        if len(argv) < 6 or not argv[5].isdigit():
+        if len(argv) < 6 or not argv[5].isdigit():  # argv[5]: its tritonserver's pid (Stub.of)
             continue
-        model_py = Path(argv[1]).resolve()
-        if model_py.is_relative_to(repository) and not running(int(argv[5])):
-            found.append(Stub(pid, model_py.parts[-3], argv[2]))
+        if Path(argv[1]).resolve().is_relative_to(repository) and not running(int(argv[5])):
+            found.append(Stub.of(pid, argv))
     return found
 
 

@@ -51,14 +51,18 @@ class Stub:
     model: str
     region: str  # its shared-memory region's name in /dev/shm
 
+    @classmethod
+    def of(cls, pid: int, argv: list[str]) -> Stub:
+        """From a stub's command line: `triton_python_backend_stub <repository>/<model>/<version>/model.py
+        <shm region> <default bytes> <growth bytes> <tritonserver pid> ...`."""
+        return cls(pid, Path(argv[1]).parts[-3], argv[2])
+
 
 def stubs(server_pid: int) -> list[Stub]:
-    """Live (not zombie) Python-backend stub processes of tritonserver `server_pid`.
-
-    A stub's command line is `triton_python_backend_stub <repository>/<model>/<version>/model.py <shm region>
-    ...`; Triton does not reap a stub that died, so it lingers as a zombie ('Z') child."""
+    """Live (not zombie) Python-backend stub processes of tritonserver `server_pid`: Triton does not reap a stub
+    that died, so it lingers as a zombie ('Z') child."""
     return [
-        Stub(pid, Path(argv[1].decode(errors="replace")).parts[-3], argv[2].decode(errors="replace"))
+        Stub.of(pid, [arg.decode(errors="replace") for arg in argv[:3]])
         for pid, state, argv in child_processes(server_pid)
         if state not in ("Z", "X") and len(argv) > 2 and argv[0].endswith(b"triton_python_backend_stub")
     ]
@@ -70,11 +74,11 @@ def stub_argvs(proc: Path = Path("/proc")) -> dict[int, list[str]]:
     for cmdline in proc.glob("[0-9]*/cmdline"):
         try:
             argv = cmdline.read_bytes().split(b"\0")
-            state = (cmdline.parent / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
+        except OSError:
             continue  # ended meanwhile
-        if argv[0].endswith(b"triton_python_backend_stub") and state not in ("Z", "X"):
-            found[int(cmdline.parent.name)] = [arg.decode(errors="replace") for arg in argv if arg]
+        pid = int(cmdline.parent.name)
+        if argv[0].endswith(b"triton_python_backend_stub") and running(pid, proc):
+            found[pid] = [arg.decode(errors="replace") for arg in argv if arg]
     return found
 
 
