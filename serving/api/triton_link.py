@@ -6,10 +6,12 @@ texts than the model's max_batch_size, or more bytes than tokenizer.max_request_
 concurrent requests whose outputs are put back in order (a sparse model's padded to the widest part).
 
 A call with a time budget carries its deadline (parameter deadline_ns), so that a stage refuses it unrun once the
-budget is gone. Its gRPC deadline comes CANCEL_AFTER_S later, so that tritonserver has answered it by then: a call
-cancelled as its answer comes can crash tritonserver 2.51 (upstream issue 7368, fixed in 2.53; with 1-6 ms budgets
-it did, 2-3 times a minute on 2 cores: docs/results/cpu-2026-12-06/grpc-cancel-crash/). Triton's answers become
-one of four errors the front words for its clients (triton_errors.py).
+budget is gone: WAY_BACK_S before the front's own deadline, since an answer the stage finishes later reaches the
+front after it has answered 504 (docs/probes.md, late_rows). Its gRPC deadline comes CANCEL_AFTER_S after the
+budget, so that tritonserver has answered it by then: a call cancelled as its answer comes can crash tritonserver
+2.51 (upstream issue 7368, fixed in 2.53; with 1-6 ms budgets it did, 2-3 times a minute on 2 cores:
+docs/results/cpu-2026-12-06/grpc-cancel-crash/). Triton's answers become one of four errors the front words for its
+clients (triton_errors.py).
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ from serving.api.call_stats import CallStats
 from serving.api.triton_errors import TimedOut, call_error
 
 CANCEL_AFTER_S = 1.0  # a budgeted call's gRPC deadline after its budget (see above)
+# The answer's way back from the stage to the front's waiter (the stub, tritonserver, gRPC, the worker's loop): on an
+# H100 beside 16 x 64 ingestion, answers the stage finished up to 1.8 ms before their deadline still came late; with
+# this margin, 3-17 of 1,000 5 ms requests ran for a 504 against 22-38 (docs/results/h100/owed-2026-12-07/).
+WAY_BACK_S = 0.002
 
 
 def chunk_bounds(sizes: Sequence[int], max_texts: int, max_bytes: int) -> list[slice]:
@@ -48,6 +54,11 @@ def chunk_bounds(sizes: Sequence[int], max_texts: int, max_bytes: int) -> list[s
         total += size
     bounds.append(slice(start, len(sizes)))
     return bounds
+
+
+def stage_deadline_ns(timeout_s: float) -> int:
+    """deadline_ns (CLOCK_MONOTONIC) of a call with timeout_s left: the latest the stage may finish it."""
+    return time.monotonic_ns() + int((timeout_s - WAY_BACK_S) * 1e9)
 
 
 class TritonLink:
@@ -88,7 +99,7 @@ class TritonLink:
             raise TimedOut("its time budget ran out before the call")
         timeout = self.timeout_s if timeout_s is None else min(timeout_s + CANCEL_AFTER_S, self.timeout_s)
         if timeout_s is not None:  # past its deadline the stage refuses it unrun
-            parameters = {**(parameters or {}), DEADLINE_PARAMETER: time.monotonic_ns() + int(timeout_s * 1e9)}
+            parameters = {**(parameters or {}), DEADLINE_PARAMETER: stage_deadline_ns(timeout_s)}
         try:
             request = tensors_infer_message(model, inputs, outputs, request_id, parameters).SerializeToString()
             metadata = (*self._key, *trace.items()) or None

@@ -15,6 +15,7 @@ from serving.api.priority import budget_s, priority_class, settle
 from serving.api.request_context import RequestContext
 from serving.api.schema import ApiError
 from serving.api.triton_errors import TimedOut
+from serving.api.triton_link import WAY_BACK_S, stage_deadline_ns
 from settings import Deployment, load_settings
 from settings.deployment import python_stubs
 from settings.schema import SettingsError
@@ -188,6 +189,16 @@ def test_a_spent_budget_is_refused_before_any_call_and_a_call_carries_the_remain
     link = asyncio.run(run())
     assert link.rows == 1
     assert 1.5 < link.timeouts[0] <= 2.0
+
+
+def test_the_stage_gets_the_budget_less_the_answers_way_back():
+    """deadline_ns is WAY_BACK_S before the front's own deadline: what the stage finishes later comes back after the
+    front has answered 504 (docs/probes.md, late_rows)."""
+    before = time.monotonic_ns()
+    deadline = stage_deadline_ns(0.050)
+    after = time.monotonic_ns()
+    assert before + int((0.050 - WAY_BACK_S) * 1e9) <= deadline <= after + int((0.050 - WAY_BACK_S) * 1e9)
+    assert stage_deadline_ns(WAY_BACK_S / 2) < time.monotonic_ns(), "a budget under the way back is already spent"
 
 
 def test_the_front_counts_each_class_by_outcome_and_its_queued_time(tmp_path):
