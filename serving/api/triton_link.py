@@ -126,9 +126,9 @@ class TritonLink:
         `requests`: how many API requests the rows are (the Coalescer's), for the call statistics;
         `request_id`: Triton's id of the call(s), for its logs and traces; `trace`: W3C trace context headers
         (serving/tracing.py) that make Triton's spans part of the caller's trace; `parameters`: the request's
-        KServe parameters (a sparse model's sparse_top_k, sparse_threshold); `timeout_s`: the budget, past which the
-        stage refuses the request unrun (deadline_ns); the gRPC deadline is CANCEL_AFTER_S later, at most
-        api.timeout_s."""
+        KServe parameters (a sparse model's sparse_top_k, sparse_threshold); `timeout_s`: the budget, WAY_BACK_S
+        before whose end the stage refuses the request unrun (deadline_ns); the gRPC deadline is CANCEL_AFTER_S
+        after it, at most api.timeout_s."""
         trace = trace or {}
         rows = list(zip(*inputs.values(), strict=True))
         bounds = chunk_bounds([sum(map(len, row)) for row in rows], max_texts, max_bytes)
