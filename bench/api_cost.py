@@ -17,7 +17,9 @@ route: requests/s, p50 and p99 latency, texts per Triton request (Triton's own c
 per request of tritonserver, the stubs, each front's workers (/proc) and the load generators (their own CPU
 time), and, with the Python generator, the answer's bytes per text as the client receives them (the HTTP body
 before any JSON parsing; for grpc the serialized ModelInferResponse; one text a request), beside the float
-answer's where api-float ran. Writes api_cost.json; `python -m bench.plot` draws it.
+answer's where api-float ran. `--header NAME:VALUE` (repeatable) adds a header to every HTTP route's requests in
+either generator, e.g. `X-Request-Timeout:1s` to time budgeted requests that are all served. Writes api_cost.json;
+`python -m bench.plot` draws it.
 """
 
 from __future__ import annotations
@@ -98,11 +100,13 @@ async def _grpc_loop(target: str, texts: list[str], clients: int, deadline: floa
     return latencies, received
 
 
-async def _api_loop(url: str, bodies: list[bytes], clients: int, deadline: float) -> tuple[list[float], int]:
+async def _api_loop(
+    url: str, bodies: list[bytes], clients: int, deadline: float, extra: dict[str, str]
+) -> tuple[list[float], int]:
     """The closed loops' latencies and the bytes of every answer's body, as read off the wire (not parsed)."""
     import aiohttp
 
-    headers = {"Content-Type": "application/json"}
+    headers = {"Content-Type": "application/json", **extra}
     latencies: list[float] = []
     received = 0
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
@@ -126,14 +130,14 @@ async def _api_loop(url: str, bodies: list[bytes], clients: int, deadline: float
 
 def load_process(job: tuple) -> tuple[list[float], float, int]:
     """One load generator: its closed loop's latencies, its own CPU seconds and the bytes it received."""
-    route, address, model, texts, clients, duration_s = job
+    route, address, model, texts, clients, duration_s, extra = job
     cpu = time.process_time()
     deadline = time.perf_counter() + duration_s
     if route == "grpc":
         latencies, received = asyncio.run(_grpc_loop(address, texts, clients, deadline))
     else:
         bodies = [json.dumps(request_body(route, model, text)).encode() for text in texts]
-        latencies, received = asyncio.run(_api_loop(address, bodies, clients, deadline))
+        latencies, received = asyncio.run(_api_loop(address, bodies, clients, deadline, extra))
     return latencies, time.process_time() - cpu, received
 
 
@@ -147,15 +151,22 @@ class Target:
     server_pid: int
     api_pids: dict[str, list[int]]  # each front's workers
     metrics_url: str  # Triton's counters (the launcher's metrics port)
+    headers: dict[str, str]  # added to the HTTP routes' requests (--header)
 
 
 def launcher_target(
-    launcher: Launcher, model: str, texts: list[str], processes: int, others: dict[str, list[int]] | None = None
+    launcher: Launcher,
+    model: str,
+    texts: list[str],
+    processes: int,
+    others: dict[str, list[int]] | None = None,
+    headers: dict[str, str] | None = None,
 ) -> Target:
     """What drives the launcher's server: its tritonserver, its API workers (and `others`) to count the CPU of."""
     workers = [pid for pid, _, argv in child_processes(launcher.process.pid) if b"serving.api" in argv]
     metrics = f"http://127.0.0.1:{launcher.ports.metrics}/metrics"
-    return Target(model, texts, processes, launcher.triton_pid, {"api workers": workers, **(others or {})}, metrics)
+    pids = {"api workers": workers, **(others or {})}
+    return Target(model, texts, processes, launcher.triton_pid, pids, metrics, headers or {})
 
 
 def addresses(ports: Ports) -> dict[str, str]:
@@ -198,7 +209,7 @@ def run_route(pool, target: Target, route: str, address: str, concurrency: int, 
     processes = target.processes
     shares = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
     jobs = [
-        (route, address, target.model, target.texts[i::processes], clients, duration_s)
+        (route, address, target.model, target.texts[i::processes], clients, duration_s, target.headers)
         for i, clients in enumerate(shares)
         if clients
     ]
@@ -275,6 +286,7 @@ class PerfAnalyzer:
             row = run_perf_analyzer(
                 self.binary, url, model, data, concurrency, 1, round(duration_s * 1000 / 3), 999, csv_path,
                 endpoint=endpoint, max_threads=target.processes,
+                extra_headers=target.headers if endpoint else None,  # HTTP only: gRPC metadata is lower case
             )  # fmt: skip
             figures = {"rps": round(row["inferences_per_s"], 1), "p50_ms": row["p50_ms"], "p99_ms": row["p99_ms"]}
             return figures, row["client_cpu_s"]
@@ -312,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration-s", type=float, default=10.0, help="per route, concurrency and round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--routes", nargs="+", choices=ROUTES, default=list(DEFAULT_ROUTES))
+    parser.add_argument(
+        "--header", action="append", default=[], metavar="NAME:VALUE", help="a header on every HTTP route's request"
+    )
     parser.add_argument("--profile", action="store_true", help="py-spy one API worker in the first api round")
     parser.add_argument("--out", type=Path, default=Path("build/bench"))
     parser.add_argument(
@@ -343,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {}
     try:
         alone_pids = {"api workers (alone)": [process.pid for process in alone.processes]}
-        target = launcher_target(launcher, settings.model.name, texts, args.processes, alone_pids)
+        extra = dict(item.split(":", 1) for item in args.header)
+        target = launcher_target(launcher, settings.model.name, texts, args.processes, alone_pids, extra)
         with contextlib.ExitStack() as stack:
             if args.generator == "python":
                 pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(args.processes))
@@ -374,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         **header("api_cost", argv),
         "settings": str(settings.path),
         "overrides": args.set,
+        "headers": args.header,
         "api_workers": settings.api.worker_count(),
         "coalesce": {"calls": settings.api.coalesce_calls, "window_ms": settings.api.coalesce_window_ms},
         "generator": GENERATORS[args.generator].format(processes=args.processes),

@@ -64,10 +64,11 @@ def run_perf_analyzer(
     csv_path: Path,
     endpoint: str | None = None,
     max_threads: int | None = None,
+    extra_headers: dict[str, str] | None = None,
 ) -> dict:
     """One perf_analyzer run at `concurrency`: KServe gRPC to `url`, or with `endpoint` its OpenAI mode, which
     posts each --input-data row's JSON payload as is to http://url/endpoint (asynchronous calls only), on at
-    most `max_threads` threads (perf_analyzer's default: 16)."""
+    most `max_threads` threads (perf_analyzer's default: 16); `extra_headers` beside the API key's on HTTP."""
     protocol = "grpc" if endpoint is None else "http"
     service = ["--async", "--service-kind=openai", f"--endpoint={endpoint}"]
     if endpoint is None:
@@ -77,7 +78,8 @@ def run_perf_analyzer(
         "--concurrency-range", str(concurrency), "--measurement-interval", str(interval_ms), "--max-trials", "8",
         "--stability-percentage", str(stability), "-f", str(csv_path),
         *(["--max-threads", str(max_threads)] if max_threads else []),
-        *(item for name, value in headers(api_key(), protocol).items() for item in ("-H", f"{name}:{value}")),
+        *(item for name, value in {**headers(api_key(), protocol), **(extra_headers or {})}.items()
+          for item in ("-H", f"{name}:{value}")),
     ]  # fmt: skip
     csv_path.unlink(missing_ok=True)  # exit code 2 reads the CSV: never a stale one
     cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -8,7 +8,8 @@
 # - PART=priority: bench.priority_bench: one-text queries at 50/s alone and beside SHAPES of ingestion
 #   (clients x texts), then 1,000 requests with a 5 ms budget beside the first shape, from each count of client
 #   processes in DEADLINE_PROCESSES ("1 8" unless set: 64 at a time from one process, then 8 at a time from each of 8).
-# SET_<name>: --set overrides for that tree (e.g. SET_new="encoder.instances=8").
+# SET_<name>: --set overrides for that tree (e.g. SET_new="encoder.instances=8"). API_HEADERS: NAME:VALUE headers
+# that PART=queries adds to the HTTP routes' requests (bench.api_cost --header), e.g. "X-Request-Timeout:1s".
 # Run from the repo root with .kit and the trees carried. Results land in $OUT.
 OUT=${OUT:-/tmp/h200_queries_first}
 EXPORT_LOG=/tmp/export.log
@@ -38,6 +39,8 @@ for pair in $TREES; do
   set_var="SET_${name}"
   flags=()
   for override in ${!set_var:-}; do flags+=(--set "$override"); done
+  headers=()
+  for item in ${API_HEADERS:-}; do headers+=(--header "$item"); done
   echo "== $name ($folder) ${!set_var:-}"
   (cd "$folder" && python3 -m model_repository.generate --settings "$SETTINGS" "${flags[@]}" > /dev/null)
   if [ "$PART" = queries ]; then
@@ -49,7 +52,7 @@ for pair in $TREES; do
       [ "$generator" = python ] && processes=${PY_PROCESSES:-4}
       echo "-- $generator"
       (cd "$folder" && python3 -m bench.api_cost --settings "$SETTINGS" "${flags[@]}" --generator "$generator" \
-        --processes "$processes" --routes grpc api-base64 --concurrency ${CONCURRENCY:-1 64 256} \
+        --processes "$processes" --routes grpc api-base64 "${headers[@]}" --concurrency ${CONCURRENCY:-1 64 256} \
         --duration-s "${DURATION_S:-4}" --rounds 1 --out "$OUT/$name-$generator" 2>&1 \
         | tee "$OUT/$name-$generator.log" | grep "^c=") || echo "$name: api_cost failed"
     done

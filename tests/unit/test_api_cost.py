@@ -75,7 +75,7 @@ def test_the_http_loop_counts_every_answer_body_as_received_not_as_parsed():
         port = site._server.sockets[0].getsockname()[1]
         try:
             url = f"http://127.0.0.1:{port}/v1/embeddings"
-            return await _api_loop(url, list(answers), 2, time.perf_counter() + 0.3)
+            return await _api_loop(url, list(answers), 2, time.perf_counter() + 0.3, {})
         finally:
             await runner.cleanup()
 
