@@ -56,13 +56,15 @@ def test_perf_analyzer_posts_one_text_per_request_in_the_corpus_order():
     assert cohere["texts"] == ["third ünïcode"] and cohere["embedding_types"] == ["binary"]
 
 
-def test_the_http_loop_counts_every_answer_body_as_received_not_as_parsed():
+def test_the_http_loop_counts_every_answer_body_as_received_not_as_parsed_and_sends_the_extra_headers():
     answers = {b'{"a": 1}': b'{"data": [{"embedding": [1, -2, 3]}]}', b'{"a": 2}': b'{"data": [{"embedding": "AAAA"}]}'}
     posted: list[bytes] = []
+    budgets: set[str | None] = set()
 
     async def handler(request: web.Request) -> web.Response:
         body = await request.read()
         posted.append(body)
+        budgets.add(request.headers.get("X-Request-Timeout"))
         return web.Response(body=answers[body], content_type="application/json")
 
     async def drive() -> tuple[list[float], int]:
@@ -75,13 +77,14 @@ def test_the_http_loop_counts_every_answer_body_as_received_not_as_parsed():
         port = site._server.sockets[0].getsockname()[1]
         try:
             url = f"http://127.0.0.1:{port}/v1/embeddings"
-            return await _api_loop(url, list(answers), 2, time.perf_counter() + 0.3, {})
+            return await _api_loop(url, list(answers), 2, time.perf_counter() + 0.3, {"X-Request-Timeout": "1s"})
         finally:
             await runner.cleanup()
 
     latencies, received = asyncio.run(drive())
     assert len(latencies) == len(posted) > 2
     assert received == sum(len(answers[body]) for body in posted)
+    assert budgets == {"1s"}  # --header: on every request
 
 
 def test_the_summary_puts_bytes_per_text_beside_req_s_and_each_route_against_float():
