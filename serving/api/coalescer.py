@@ -17,10 +17,10 @@ request is a call of its own. Each request's RequestContext gets the time it que
 call that carried it; the call's Triton id lists the ids of its requests, and it carries the trace context
 of the first of them that is traced. A request with KServe parameters of its own (a sparse model's top_k,
 threshold, a multi-vector model's queries) goes alone: one call carries one set. A request with a deadline
-(serving/api/priority.py) that passes while it queues leaves the queue unsent (TimedOut); a call's gRPC deadline
-is the latest of its requests', and each request stops waiting at its own. A request with a budget of its own
-(X-Request-Timeout) goes alone, so that its call's deadline is its own: the stage refuses it unrun once that
-passes, rather than running it for a call that others keep alive. No call is cancelled once sent (`_track`).
+(serving/api/priority.py) that passes while it queues leaves the queue unsent (TimedOut), and each request stops
+waiting at its own. A call's budget is its requests' earliest deadline: the stage refuses the call unrun once that
+cannot be met, so no row runs for a request already answered 504. The requests of such a refused call that still
+have time are sent again alone, each with its own budget. No call is cancelled once sent (`_track`).
 """
 
 from __future__ import annotations
@@ -66,11 +66,11 @@ def _timed(context: RequestContext | None, started: float, queued: float = 0.0) 
         context.inference_s += time.perf_counter() - started
 
 
-def _latest(batch: list[_Request]) -> float | None:
-    """A call's gRPC timeout: until its requests' latest deadline (None: the link's own when one has none)."""
+def _earliest(batch: list[_Request]) -> float | None:
+    """A call's budget: until its requests' earliest deadline (None: the link's own when one has none)."""
     if any(request.deadline is None for request in batch):
         return None
-    return max(request.deadline for request in batch) - time.perf_counter()
+    return min(request.deadline for request in batch) - time.perf_counter()
 
 
 class Coalescer:
@@ -102,16 +102,14 @@ class Coalescer:
         inputs: dict[str, list[bytes]],
         parameters: dict | None = None,
         deadline: float | None = None,
-        alone: bool = False,
     ) -> dict[str, np.ndarray]:
         """The outputs for these rows (every input one row per text), as if they had been a call of their own;
-        TimedOut once `deadline` (perf_counter() time) has passed; `alone`: a call of its own, whose deadline is
-        its own (a budget the caller gave)."""
+        TimedOut once `deadline` (perf_counter() time) has passed."""
         rows = len(next(iter(inputs.values())))
         size = sum(len(value) for values in inputs.values() for value in values)
         if deadline is not None and deadline <= time.perf_counter():
             raise TimedOut("its time budget ran out before a call could carry it")
-        if alone or parameters or self.max_calls == 0 or rows >= self.max_texts or size >= self.max_bytes:
+        if parameters or self.max_calls == 0 or rows >= self.max_texts or size >= self.max_bytes:
             request = _Request(inputs, rows, size, parameters, deadline)
             self._track(self._alone(request))  # a call of its own, never cancelled (_Request's timer answers)
         else:
@@ -196,7 +194,7 @@ class Coalescer:
                 try:
                     outputs = await self.link.infer(
                         self.model, inputs, self.outputs, self.max_texts, self.max_bytes, len(batch), ids, trace,
-                        parameters=self.parameters or None, timeout_s=_latest(batch),
+                        parameters=self.parameters or None, timeout_s=_earliest(batch),
                     )  # fmt: skip
                 finally:  # this call's time, before any retry below adds its own
                     for request in batch:
@@ -206,6 +204,12 @@ class Coalescer:
                     raise
                 await asyncio.gather(*(self._alone(request) for request in batch))
                 return
+            except TimedOut:  # the earliest deadline could not be met: the others go again with their own
+                if len(batch) == 1:
+                    raise
+                now = time.perf_counter()
+                await asyncio.gather(*(self._alone(request) for request in batch if (request.deadline or 0.0) > now))
+                raise
             for request, part in zip(batch, split_outputs(outputs, [request.rows for request in batch]), strict=True):
                 if not request.answer.done():
                     request.answer.set_result(part)
@@ -223,7 +227,7 @@ class Coalescer:
         try:
             answer = await self.link.infer(
                 self.model, request.inputs, self.outputs, self.max_texts, self.max_bytes, 1, request.id, request.trace,
-                parameters={**self.parameters, **(request.parameters or {})} or None, timeout_s=_latest([request]),
+                parameters={**self.parameters, **(request.parameters or {})} or None, timeout_s=_earliest([request]),
             )  # fmt: skip
         except Exception as exc:
             if not request.answer.done():

@@ -95,8 +95,7 @@ class Api:
                 triton = model.query_lane
             else:
                 lane = priority_class
-        alone = context.budget_s is not None
-        return await self.coalescer(triton, model, outputs, lane).infer(inputs, parameters, context.deadline, alone)
+        return await self.coalescer(triton, model, outputs, lane).infer(inputs, parameters, context.deadline)
 
     async def infer(
         self, model: ServedModel, inputs: dict[str, list[bytes]], outputs: list[str], parameters: dict | None = None

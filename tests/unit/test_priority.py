@@ -155,17 +155,17 @@ def test_a_request_stops_waiting_at_its_own_deadline_while_its_call_runs_on():
 
 
 def test_a_call_of_its_own_is_answered_at_its_deadline_and_never_cancelled():
-    """A budgeted request (alone) stops waiting at its deadline, and its client may leave, but its call runs to its
-    end: tritonserver 2.51 can crash when a call's cancellation meets its answer (serving/api/triton_link.py)."""
+    """A budgeted request stops waiting at its deadline, and its client may leave, but its call runs to its end:
+    tritonserver 2.51 can crash when a call's cancellation meets its answer (serving/api/triton_link.py)."""
 
     async def run():
         link = SlowLink(0.2)
         coalescer = Coalescer(link, "m", ["embedding"], 256, 1 << 20, 4, 0.0)
         started = time.perf_counter()
         with pytest.raises(TimedOut):
-            await coalescer.infer({"TEXT": [b"a"]}, deadline=started + 0.05, alone=True)
+            await coalescer.infer({"TEXT": [b"a"]}, deadline=started + 0.05)
         waited = time.perf_counter() - started
-        leaving = asyncio.create_task(coalescer.infer({"TEXT": [b"b"]}, deadline=started + 5.0, alone=True))
+        leaving = asyncio.create_task(coalescer.infer({"TEXT": [b"b"]}, deadline=started + 5.0))
         await asyncio.sleep(0.01)
         leaving.cancel()  # its client went away
         calls = list(coalescer._calls)
@@ -175,6 +175,58 @@ def test_a_call_of_its_own_is_answered_at_its_deadline_and_never_cancelled():
     waited, calls, ended = asyncio.run(run())
     assert waited < 0.15, "answered at its deadline, not when its call ended (0.2 s)"
     assert len(calls) == 2 and not any(call.cancelled() for call in calls) and ended == [None, None]
+
+
+class RefusingLink(SlowLink):
+    """As SlowLink, but a call of several texts is refused after `seconds`, as the stage refuses one whose budget
+    cannot be met."""
+
+    async def infer(self, model, inputs, outputs, *args, timeout_s=None, **kwargs):
+        if len(inputs["TEXT"]) > 1:
+            self.timeouts.append(timeout_s)
+            await asyncio.sleep(self.seconds)
+            raise TimedOut("the stage: its time budget ran out")
+        return await super().infer(model, inputs, outputs, *args, timeout_s=timeout_s, **kwargs)
+
+
+def test_budgeted_requests_share_a_call_whose_budget_is_their_earliest_deadline():
+    """Requests with budgets of their own coalesce like any others; the call carries the earliest deadline, so the
+    stage refuses it unrun where that one cannot be met (no row runs for a request answered 504)."""
+
+    async def run():
+        link = SlowLink(0.05)
+        coalescer = Coalescer(link, "m", ["embedding"], 256, 1 << 20, 1, 0.0)
+        started = time.perf_counter()
+        first = asyncio.create_task(coalescer.infer({"TEXT": [b"a"]}, deadline=started + 5.0))
+        await asyncio.sleep(0)  # its call is sent; the next two queue behind it and share the next call
+        later = [
+            asyncio.create_task(coalescer.infer({"TEXT": [text]}, deadline=started + budget))
+            for text, budget in ((b"b", 3.0), (b"c", 1.0))
+        ]
+        return link, await asyncio.gather(first, *later)
+
+    link, answers = asyncio.run(run())
+    assert [len(answer["embedding"]) for answer in answers] == [1, 1, 1]
+    assert link.rows == 3 and len(link.timeouts) == 2  # two calls: the second carried both queued requests
+    assert 0.85 < link.timeouts[1] <= 1.0  # the earliest (1 s) less the 50 ms it queued, not the latest (3 s)
+
+
+def test_a_coalesced_call_the_stage_refuses_goes_again_alone_for_each_request_with_time_left():
+    async def run():
+        link = RefusingLink(0.05)
+        coalescer = Coalescer(link, "m", ["embedding"], 256, 1 << 20, 1, 0.0)
+        started = time.perf_counter()
+        first = asyncio.create_task(coalescer.infer({"TEXT": [b"a"]}, deadline=started + 5.0))
+        await asyncio.sleep(0)  # its call is sent; the next two share the next one, sent at 50 ms, refused at 100
+        spent = asyncio.create_task(coalescer.infer({"TEXT": [b"b"]}, deadline=started + 0.07))
+        roomy = asyncio.create_task(coalescer.infer({"TEXT": [b"c"]}, deadline=started + 5.0))
+        results = await asyncio.gather(first, spent, roomy, return_exceptions=True)
+        return link, results[1:]
+
+    link, (spent, roomy) = asyncio.run(run())
+    assert isinstance(spent, TimedOut)
+    assert len(roomy["embedding"]) == 1  # sent again alone, with its own budget
+    assert link.rows == 2  # the first request's and the retried one's: the refused call ran none
 
 
 def test_a_spent_budget_is_refused_before_any_call_and_a_call_carries_the_remaining_budget():
