@@ -34,13 +34,13 @@ if [ "${ENGINE:-1}" = 1 ]; then  # ENGINE=0: a second part in the same call
 fi
 # shellcheck source=bench/device_env.sh
 source bench/device_env.sh
+headers=()  # API_HEADERS, the same for every tree
+for item in ${API_HEADERS:-}; do headers+=(--header "$item"); done
 for pair in $TREES; do
   name=${pair%%:*} folder=${pair#*:}
   set_var="SET_${name}"
   flags=()
   for override in ${!set_var:-}; do flags+=(--set "$override"); done
-  headers=()
-  for item in ${API_HEADERS:-}; do headers+=(--header "$item"); done
   echo "== $name ($folder) ${!set_var:-}"
   (cd "$folder" && python3 -m model_repository.generate --settings "$SETTINGS" "${flags[@]}" > /dev/null)
   if [ "$PART" = queries ]; then
