@@ -1,25 +1,25 @@
 """python -m bench.api_cost: the API front (POST /v1/embeddings) against direct gRPC at the same concurrency.
 
 Starts the real launcher (tritonserver, its fronts and the API front's api.workers processes) on free ports, and
-beside it a second API front on the same tritonserver with api.coalesce_calls = 0 (every request a Triton call
-of its own), and drives them with closed loops of `--concurrency` clients, one text of loadtest/corpus.txt per
-request: `grpc` sends KServe ModelInfer requests straight to tritonserver, `api-base64` and `api-float` send
-OpenAI embedding requests to the API front (base64 is what the OpenAI SDKs ask for by default),
-`api-base64-alone` the same as api-base64 to the front that does not coalesce; not run unless named: `tei-embed`
-TEI's POST /embed to the API front, `api-int8`, `api-uint8`, `api-binary` and `api-ubinary` /v1/embeddings in
-those encoding_formats (quantization.py), and `cohere-float`, `cohere-int8` and `cohere-binary` Cohere's POST
-/v2/embed with that one embedding type. `--generator python` (the default) spreads the clients over
-`--processes` Python processes (grpc.aio, aiohttp, pre-serialized requests); `--generator perf_analyzer` runs
-tritonclient 2.51's compiled perf_analyzer instead, on `--processes` threads, over gRPC for `grpc` and in its
-OpenAI mode (each JSON body posted as is) for the HTTP routes: a load generator of other costs, measured beside
-the server's (docs/benchmarks.md). Rounds alternate the routes so that all see the same machine state. Per
-route: requests/s, p50 and p99 latency, texts per Triton request (Triton's own counters), and CPU microseconds
-per request of tritonserver, the stubs, each front's workers (/proc) and the load generators (their own CPU
-time), and, with the Python generator, the answer's bytes per text as the client receives them (the HTTP body
-before any JSON parsing; for grpc the serialized ModelInferResponse; one text a request), beside the float
-answer's where api-float ran. `--header NAME:VALUE` (repeatable) adds a header to every HTTP route's requests in
-either generator, e.g. `X-Request-Timeout:1s` to time budgeted requests that are all served. Writes api_cost.json;
-`python -m bench.plot` draws it.
+beside it a second API front on the same tritonserver with api.coalesce_calls = 0 (every request a Triton call of
+its own), and drives them with closed loops of `--concurrency` clients, one text of loadtest/corpus.txt per request:
+`grpc` sends KServe ModelInfer requests straight to tritonserver, `api-base64` and `api-float` send OpenAI embedding
+requests to the API front (base64 is what the OpenAI SDKs ask for by default), `api-base64-alone` the same as
+api-base64 to the front that does not coalesce; not run unless named: `tei-embed` TEI's POST /embed to the API
+front, `api-int8`, `api-uint8`, `api-binary` and `api-ubinary` /v1/embeddings in those encoding_formats
+(quantization.py), and `cohere-float`, `cohere-int8` and `cohere-binary` Cohere's POST /v2/embed with that one
+embedding type. `--generator python` (the default) spreads the clients over `--processes` Python processes
+(grpc.aio, aiohttp, pre-serialized requests); `--generator perf_analyzer` runs tritonclient 2.51's compiled
+perf_analyzer instead, on `--processes` threads, over gRPC for `grpc` and in its OpenAI mode (each JSON body posted
+as is) for the HTTP routes: a load generator of other costs, measured beside the server's (docs/benchmarks.md).
+Rounds alternate the routes so that all see the same machine state. Per route: requests/s, p50 and p99 latency,
+texts per Triton request (Triton's own counters), and CPU microseconds per request of tritonserver, the stubs, each
+front's workers (/proc) and the load generators (their own CPU time), Triton's own split of its requests' time
+(queue, compute) and the batch of each execute() (`triton`), and, with the Python generator, the answer's bytes per
+text as the client receives them (the HTTP body before any JSON parsing; for grpc the serialized ModelInferResponse;
+one text a request), beside the float answer's where api-float ran. `--header NAME:VALUE` (repeatable) adds a header
+to every HTTP route's requests in either generator, e.g. `X-Request-Timeout:1s` to time budgeted requests that are
+all served. Writes api_cost.json; `python -m bench.plot` draws it.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from bench.e2e_bench import perf_analyzer_input, run_perf_analyzer
 from bench.process_cpu import per_request, snapshot
 from bench.record import header, write
 from loadtest.corpus import load_text
-from loadtest.triton_stats import scrape_metrics
+from loadtest.triton_stats import model_stats, scrape_metrics, stage_breakdown, statistics_client
 from protocol.kserve_grpc import GRPC_CHANNEL_ARGS, MODEL_INFER, model_infer_request
 from serving.api.app import command
 from serving.launcher.harness import Launcher
@@ -152,6 +152,7 @@ class Target:
     api_pids: dict[str, list[int]]  # each front's workers
     metrics_url: str  # Triton's counters (the launcher's metrics port)
     headers: dict[str, str]  # added to the HTTP routes' requests (--header)
+    stats_address: str  # Triton's gRPC, for its statistics API: where a request's time went, the batch an execute()
 
 
 def launcher_target(
@@ -166,7 +167,8 @@ def launcher_target(
     workers = [pid for pid, _, argv in child_processes(launcher.process.pid) if b"serving.api" in argv]
     metrics = f"http://127.0.0.1:{launcher.ports.metrics}/metrics"
     pids = {"api workers": workers, **(others or {})}
-    return Target(model, texts, processes, launcher.triton_pid, pids, metrics, headers or {})
+    stats = f"127.0.0.1:{launcher.ports.grpc}"
+    return Target(model, texts, processes, launcher.triton_pid, pids, metrics, headers or {}, stats)
 
 
 def addresses(ports: Ports) -> dict[str, str]:
@@ -187,12 +189,18 @@ def triton_requests(metrics_url: str) -> tuple[float, float]:
 
 def measured(target: Target, load: Callable[[], tuple[dict, float]]) -> dict:
     """`load` (its requests/s and latencies, and the load generator's CPU seconds) between two snapshots of the
-    server's CPU and Triton's counters: the figures, texts per Triton request and CPU per request of each kind.
-    Requests are Triton's texts (one per request) where `load` does not count them itself."""
+    server's CPU and Triton's counters: the figures, texts per Triton request, CPU per request of each kind, and
+    per model of the ensemble's (its lane too) the mean queue and compute time of a Triton request and the mean
+    batch of an execute() (`triton`, Triton's statistics API). Requests are Triton's texts (one per request) where
+    `load` does not count them itself."""
     others = target.api_pids
+    stats = statistics_client(target.stats_address, "grpc")
+    stats_before = model_stats(stats)
     before, (texts_before, calls_before) = snapshot(target.server_pid, others), triton_requests(target.metrics_url)
     figures, generator_cpu_s = load()
     (texts, calls), after = triton_requests(target.metrics_url), snapshot(target.server_pid, others)
+    stages = stage_breakdown(stats_before, model_stats(stats))
+    stats.close()
     requests = figures.get("requests", int(texts - texts_before))
     cost = per_request(before, after, requests)
     cost["cpu_us_per_request"]["load generators"] = round(generator_cpu_s / requests * 1e6, 1)
@@ -201,6 +209,7 @@ def measured(target: Target, load: Callable[[], tuple[dict, float]]) -> dict:
         **figures,
         "texts_per_triton_request": round((texts - texts_before) / max(calls - calls_before, 1.0), 2),
         **cost,
+        "triton": {name: row for name, row in stages.items() if name.startswith("ensemble")},
     }
 
 
