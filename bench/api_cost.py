@@ -190,7 +190,7 @@ def triton_requests(metrics_url: str) -> tuple[float, float]:
 def measured(target: Target, load: Callable[[], tuple[dict, float]]) -> dict:
     """`load` (its requests/s and latencies, and the load generator's CPU seconds) between two snapshots of the
     server's CPU and Triton's counters: the figures, texts per Triton request, CPU per request of each kind, and
-    per model of the ensemble's (its lane too) the mean queue and compute time of a Triton request and the mean
+    for the ensemble and its query lane each, the mean queue and compute time of a Triton request and the mean
     batch of an execute() (`triton`, Triton's statistics API). Requests are Triton's texts (one per request) where
     `load` does not count them itself."""
     others = target.api_pids
