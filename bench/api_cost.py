@@ -46,7 +46,7 @@ from bench.e2e_bench import perf_analyzer_input, run_perf_analyzer
 from bench.process_cpu import per_request, snapshot
 from bench.record import header, write
 from loadtest.corpus import load_text
-from loadtest.triton_stats import model_stats, scrape_metrics, stage_breakdown, statistics_client
+from loadtest.triton_stats import model_stats, stage_breakdown, statistics_client
 from protocol.kserve_grpc import GRPC_CHANNEL_ARGS, MODEL_INFER, model_infer_request
 from serving.api.app import command
 from serving.launcher.harness import Launcher
@@ -150,9 +150,8 @@ class Target:
     processes: int
     server_pid: int
     api_pids: dict[str, list[int]]  # each front's workers
-    metrics_url: str  # Triton's counters (the launcher's metrics port)
     headers: dict[str, str]  # added to the HTTP routes' requests (--header)
-    stats_address: str  # Triton's gRPC, for its statistics API: where a request's time went, the batch an execute()
+    stats_address: str  # Triton's gRPC, for its statistics API (ensemble_stats)
 
 
 def launcher_target(
@@ -165,10 +164,9 @@ def launcher_target(
 ) -> Target:
     """What drives the launcher's server: its tritonserver, its API workers (and `others`) to count the CPU of."""
     workers = [pid for pid, _, argv in child_processes(launcher.process.pid) if b"serving.api" in argv]
-    metrics = f"http://127.0.0.1:{launcher.ports.metrics}/metrics"
     pids = {"api workers": workers, **(others or {})}
     stats = f"127.0.0.1:{launcher.ports.grpc}"
-    return Target(model, texts, processes, launcher.triton_pid, pids, metrics, headers or {}, stats)
+    return Target(model, texts, processes, launcher.triton_pid, pids, headers or {}, stats)
 
 
 def addresses(ports: Ports) -> dict[str, str]:
@@ -181,26 +179,31 @@ def addresses(ports: Ports) -> dict[str, str]:
     return {"grpc": grpc, **openai, "tei-embed": tei, **cohere}
 
 
-def triton_requests(metrics_url: str) -> tuple[float, float]:
-    """(texts, requests) the ensemble and its query lane have answered so far, by Triton's own counters."""
-    models = [counters for name, counters in scrape_metrics(metrics_url).items() if name.startswith("ensemble")]
-    return tuple(sum(c.get(key, 0.0) for c in models) for key in ("nv_inference_count", "nv_inference_request_success"))
+def ensemble_stats(target: Target) -> dict[str, dict]:
+    """Triton's cumulative statistics (loadtest/triton_stats.py) of the ensemble and its query lane."""
+    client = statistics_client(target.stats_address, "grpc")
+    try:
+        return {name: row for name, row in model_stats(client).items() if name.startswith("ensemble")}
+    finally:
+        client.close()
+
+
+def triton_requests(stats: dict[str, dict]) -> tuple[int, int]:
+    """(texts, requests) the ensemble and its query lane have answered so far, from ensemble_stats()."""
+    return sum(row["inferences"] for row in stats.values()), sum(row["requests"] for row in stats.values())
 
 
 def measured(target: Target, load: Callable[[], tuple[dict, float]]) -> dict:
     """`load` (its requests/s and latencies, and the load generator's CPU seconds) between two snapshots of the
-    server's CPU and Triton's counters: the figures, texts per Triton request, CPU per request of each kind, and
-    for the ensemble and its query lane each, the mean queue and compute time of a Triton request and the mean
-    batch of an execute() (`triton`, Triton's statistics API). Requests are Triton's texts (one per request) where
-    `load` does not count them itself."""
+    server's CPU and Triton's counters (its statistics API): the figures, texts per Triton request, CPU per request
+    of each kind, and for the ensemble and its query lane each, the mean queue and compute time of a Triton request
+    and the mean batch of an execute() (`triton`). Requests are Triton's texts (one per request) where `load` does
+    not count them itself."""
     others = target.api_pids
-    stats = statistics_client(target.stats_address, "grpc")
-    stats_before = model_stats(stats)
-    before, (texts_before, calls_before) = snapshot(target.server_pid, others), triton_requests(target.metrics_url)
+    before, stats_before = snapshot(target.server_pid, others), ensemble_stats(target)
     figures, generator_cpu_s = load()
-    (texts, calls), after = triton_requests(target.metrics_url), snapshot(target.server_pid, others)
-    stages = stage_breakdown(stats_before, model_stats(stats))
-    stats.close()
+    stats_after, after = ensemble_stats(target), snapshot(target.server_pid, others)
+    (texts_before, calls_before), (texts, calls) = triton_requests(stats_before), triton_requests(stats_after)
     requests = figures.get("requests", int(texts - texts_before))
     cost = per_request(before, after, requests)
     cost["cpu_us_per_request"]["load generators"] = round(generator_cpu_s / requests * 1e6, 1)
@@ -209,7 +212,7 @@ def measured(target: Target, load: Callable[[], tuple[dict, float]]) -> dict:
         **figures,
         "texts_per_triton_request": round((texts - texts_before) / max(calls - calls_before, 1.0), 2),
         **cost,
-        "triton": {name: row for name, row in stages.items() if name.startswith("ensemble")},
+        "triton": stage_breakdown(stats_before, stats_after),
     }
 
 

@@ -24,7 +24,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from bench.api_cost import addresses, launcher_target, run_route, triton_requests
+from bench.api_cost import addresses, ensemble_stats, launcher_target, run_route, triton_requests
 from bench.otlp_receiver import OtlpReceiver
 from bench.record import header, write
 from loadtest.corpus import load_text
@@ -70,7 +70,7 @@ def measure(pool, launcher: Launcher, args, texts: list[str], model: str) -> dic
         route: run_route(pool, target, route, where[route], args.concurrency, args.duration_s) for route in args.routes
     }
     sent = {route: warmed[route]["requests"] + runs[route]["requests"] for route in args.routes}
-    return {"runs": runs, "requests_sent": sent, "triton_requests": triton_requests(target.metrics_url)[1]}
+    return {"runs": runs, "requests_sent": sent, "triton_requests": triton_requests(ensemble_stats(target))[1]}
 
 
 def spans_by_service(receiver: OtlpReceiver) -> tuple[Counter, Counter]:
