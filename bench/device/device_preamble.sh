@@ -5,6 +5,18 @@
 set -euo pipefail
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
+
+# The device sends back at most 8 files of its $OUT, none more than two folders down, and drops the rest (a call
+# of 2026-12-07 lost four trees' records so). On exit, more files than that, or any two folders down in $OUT (which
+# may itself be a folder of the device's), become one archive, $OUT/out.tar.gz.
+pack_out() {
+  local files
+  files=$(find "$OUT" -type f | wc -l)
+  [ "$files" -gt 8 ] || [ -n "$(find "$OUT" -mindepth 3 -type f | head -n 1)" ] || return 0
+  tar -C "$OUT" --exclude ./out.tar.gz -czf /tmp/out.tar.gz . && find "$OUT" -mindepth 1 -delete \
+    && mv /tmp/out.tar.gz "$OUT/out.tar.gz" && echo "packed $files files of $OUT into $OUT/out.tar.gz"
+}
+trap pack_out EXIT
 IMAGE_PYTHON=${IMAGE_PYTHON:-/opt/torch/.venv/bin/python3}
 EXPORT_LOG=${EXPORT_LOG:-$OUT/export.log}
 GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 || true)

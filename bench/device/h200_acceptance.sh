@@ -20,7 +20,7 @@ source bench/device_env.sh
 python3 -m model_repository.generate --settings "$SETTINGS"
 python3 -m serving.launcher --settings "$SETTINGS" > "$OUT/server.out" 2>&1 &
 SERVER_PID=$!
-trap 'kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true' EXIT
+trap 'kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true; pack_out' EXIT
 wait_ready http://127.0.0.1:8000/v2/models/ensemble/ready "$SERVER_PID" "$OUT/server.out" 120
 
 python3 -m bench.e2e_bench --settings "$SETTINGS" --url 127.0.0.1:8001 --perf-analyzer "$PERF_ANALYZER" \
@@ -33,7 +33,3 @@ for processes in $LOCUST_PROCESSES; do
     2>&1 | tee "$OUT/loadtest-p$processes.log" | tail -25 || true
 done
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv >> "$OUT/e2e_bench.log" 2>/dev/null || true
-# The device tool brings back a limited number of files: one archive per Locust run.
-for processes in $LOCUST_PROCESSES; do
-  tar -C "$OUT" -czf "$OUT/loadtest-p$processes.tar.gz" "loadtest-p$processes" && rm -rf "${OUT:?}/loadtest-p$processes"
-done
