@@ -245,17 +245,16 @@ def one_stage_config(settings: Settings, spec: ServingSpec, names: ServedNames) 
 
 
 def _gpu_turns(settings: Settings, names: ServedNames) -> dict:
-    """Beside a query lane the stubs mark the board (stages/gpu_turns.py), as the model's side (query_lane_config
-    makes its copy the lane's): the API front sends queries to the lane only while the model ingests. On GPUs they
-    also take turns there; on CPUs they only mark, as nice values share the cores (priority.ingestion_nice)."""
-    if not names.query_lane:
+    """Beside a query lane on GPUs, the stubs take turns on each GPU (stages/gpu_turns.py), as the model's side
+    (query_lane_config makes its copy the lane's)."""
+    if not (names.query_lane and settings.encoder.gpus):
         return {}
-    priority, on_gpus = settings.priority, bool(settings.encoder.gpus)
+    priority = settings.priority
     return {
         "gpu_turns": "model",
-        "ingestion_chunk_texts": priority.ingestion_chunk_texts if on_gpus else 0,
-        "ingestion_on_gpu": priority.ingestion_on_gpu if on_gpus else 0,
-        "query_yield_ms": priority.query_yield_ms if on_gpus else 0.0,
+        "ingestion_chunk_texts": priority.ingestion_chunk_texts,
+        "ingestion_on_gpu": priority.ingestion_on_gpu,
+        "query_yield_ms": priority.query_yield_ms,
     }
 
 

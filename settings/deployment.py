@@ -107,10 +107,9 @@ class Deployment:
         return any(settings.encoder.gpus for settings in self.models)
 
     @property
-    def has_board(self) -> bool:
-        """Whether the stubs and the API front share a board (common/gpu_board.py): a model with a query lane, on
-        GPUs or CPUs, marks its ingestion there, so that queries alone are not held to the lane."""
-        return any(has_query_lane(settings) for settings in self.models)
+    def takes_gpu_turns(self) -> bool:
+        """Whether a model's stubs and its query lane's take turns on their GPUs (common/gpu_board.py)."""
+        return any(settings.encoder.gpus and has_query_lane(settings) for settings in self.models)
 
     @property
     def rate_limited(self) -> bool:

@@ -10,8 +10,6 @@ query's. So the stubs agree among themselves:
   ingestion_on_gpu of them;
 - a batch made only of queries (the API front's, sent to the model itself while no ingestion runs: parameter
   lane = "query") is neither marked nor cut.
-On a CPU (configs.py: no chunks, no waiting, as nice values share the cores) a stub only marks its ingestion, which
-is all the API front reads.
 """
 
 from __future__ import annotations
@@ -85,8 +83,7 @@ class GpuTurns:
 
 
 class NoTurns:
-    """A stub that takes no turns (no board: no query lane, or a tritonserver the launcher did not start): its batch
-    is one chunk, launched at once."""
+    """A stub that takes no turns (no board: a CPU, or no query lane): its batch is one chunk, launched at once."""
 
     def begin(self, requests: Sequence) -> None:
         pass

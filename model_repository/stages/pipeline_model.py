@@ -52,7 +52,7 @@ def response(result: Answer):
 
 
 class TritonPythonModel:
-    turns: GpuTurns | None = None  # beside a query lane (gpu_turns.py)
+    turns: GpuTurns | None = None  # beside a query lane on a GPU (gpu_turns.py)
 
     def initialize(self, args: dict) -> None:
         exit_with_parent()  # a killed tritonserver leaves no stub behind (parent_watch.py)
@@ -93,10 +93,10 @@ class TritonPythonModel:
 
 
 def gpu_turns(args: dict, params: dict) -> GpuTurns | None:
-    """This stub's marks on the board beside a query lane, and its turns on a GPU (configs.py sets gpu_turns = lane
-    | model; on a CPU no chunks nor waits), where the launcher made the server a board; else None."""
+    """This stub's turns on its GPU beside a query lane (configs.py sets gpu_turns = lane | model), where the
+    launcher made the server a board; else None."""
     role = params.get("gpu_turns")
-    board = GpuBoard.from_environment() if role else None
+    board = GpuBoard.from_environment() if role and args.get("model_instance_kind") == "GPU" else None
     if board is None:
         return None
     return GpuTurns(

@@ -99,9 +99,8 @@ class TritonServer:
         self.work_dir = work_dir or self.deployment.build_dir
         self.log_path = None if console_log else self.work_dir / "tritonserver.log"
         self.admin_key = secrets.token_urlsafe(24)
-        # Where the stubs mark ingestion for the API front and take turns on the GPUs (common/gpu_board.py); made by
-        # its first user.
-        self.board_path = board_path() if self.deployment.has_board else None
+        # Where the stubs and the API front take turns on the GPUs (common/gpu_board.py); made by its first user.
+        self.board_path = board_path() if self.deployment.takes_gpu_turns else None
         self.process: subprocess.Popen | None = None
         self.watchdog: StubWatchdog | None = None
         self.stub_restarts: Counter = Counter()  # per model, over every tritonserver this object ran
