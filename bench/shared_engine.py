@@ -1,0 +1,210 @@
+"""python -m bench.shared_engine: several processes calling one engine process, against each with an engine of its own.
+
+The question (issue 45's c=64 and 8 x 64 cells, 2026-12-07): the served model's 8 stubs are 8 CUDA contexts, each
+running the small batches Triton hands it (6-10 texts at c=64 on an H100), which the GPU time-slices: an execute()
+of 5-10 texts took 2.1-5.5 ms of compute where the engine alone runs a batch of 8 in about 0.6 ms
+(docs/results/h100/2026-12-07-d/). Would one process that owns the GPU and runs the stubs' batches together, as TEI's
+router hands one backend its batches, serve the same calls at a higher rate and a lower latency?
+
+Both modes run the same workload: `--clients` processes in closed loops, each call `--texts` sequences (lengths as
+engine_bench draws them) after `--host-us` of busy CPU (a stub's own work between engine calls: tokenizing, the
+Python backend's hand-over). `own`: each client loads the torch engine and calls Engine.submit / collect itself.
+`shared`: one server process loads it; the clients send packed ids and lengths over a Unix socket; the server takes
+every call waiting, runs them as one batch (the next launched before the last is collected), and answers each
+client its rows. Reported per mode: sequences/s, per-call p50/p99, and (shared) sequences a batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import selectors
+import socket
+import struct
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HEADER = struct.Struct("<II")  # sequences, tokens; then lengths (int64) and ids (int32)
+
+
+def recv_exact(sock: socket.socket, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("closed")
+        data += chunk
+    return bytes(data)
+
+
+def busy(us: float) -> None:
+    end = time.perf_counter() + us / 1e6
+    while time.perf_counter() < end:
+        pass
+
+
+def workload(seed: int, texts: int, count: int = 64) -> list[tuple[np.ndarray, np.ndarray]]:
+    from bench.engine_workload import batches_for
+    from model_repository.stages.engines.base import pack_sequences
+
+    return [pack_sequences(batch) for batch in batches_for(texts, seed=seed)[:count]]
+
+
+def load(model_dir: str, device: str, precision: str):
+    from model_repository.stages.engines import load_engine
+
+    return load_engine("torch", Path(model_dir), device, {"precision": precision} if device != "cpu" else {})
+
+
+def client(index: int, args: dict, start: mp.Event, stop: mp.Event, out: mp.Queue) -> None:
+    """One stub: its own engine (`own`), or the server's (`shared`); closed loop from `start` to `stop`."""
+    batches = workload(index, args["texts"])
+    if args["mode"] == "own":
+        engine = load(args["model_dir"], args["device"], args["precision"])
+
+        def call(ids, lengths):
+            return engine.submit(ids, lengths)()
+    else:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(args["socket"])
+
+        def call(ids, lengths):
+            sock.sendall(HEADER.pack(len(lengths), len(ids)) + lengths.tobytes() + ids.tobytes())
+            return np.frombuffer(recv_exact(sock, len(lengths) * args["hidden"] * 4), np.float32)
+
+    for ids, lengths in batches[:4]:  # warm: graphs of these shapes
+        call(ids, lengths)
+    out.put(("ready", index))
+    start.wait()
+    latencies, sequences, calls = [], 0, 0
+    while not stop.is_set():
+        ids, lengths = batches[calls % len(batches)]
+        busy(args["host_us"])
+        began = time.perf_counter()
+        call(ids, lengths)
+        latencies.append(time.perf_counter() - began)
+        sequences, calls = sequences + len(lengths), calls + 1
+    out.put(("done", index, sequences, latencies))
+
+
+def server(args: dict, ready: mp.Event, out: mp.Queue) -> None:
+    """The GPU's one process: every waiting call in one batch; batch n + 1 launched before batch n's rows go back."""
+    engine = load(args["model_dir"], args["device"], args["precision"])
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(args["socket"])
+    listener.listen(64)
+    for texts in (1, 8, 64, 256):  # warm: the graphs of the sizes batches will take
+        ids, lengths = workload(99, texts, 1)[0]
+        engine.forward_packed(ids, lengths)
+    ready.set()
+    conns = [listener.accept()[0] for _ in range(args["clients"])]
+    selector = selectors.DefaultSelector()
+    for conn in conns:
+        selector.register(conn, selectors.EVENT_READ)
+    waiting: list[tuple[socket.socket, np.ndarray, np.ndarray]] = []
+    in_flight = None  # (calls, collect)
+    batches, sequences = 0, 0
+    while True:
+        idle = in_flight is None and not waiting
+        for key, _ in selector.select(timeout=None if idle else 0):
+            conn = key.fileobj
+            try:
+                n, tokens = HEADER.unpack(recv_exact(conn, HEADER.size))
+            except ConnectionError:
+                selector.unregister(conn)
+                continue
+            lengths = np.frombuffer(recv_exact(conn, 8 * n), np.int64)
+            ids = np.frombuffer(recv_exact(conn, 4 * tokens), np.int32)
+            waiting.append((conn, ids, lengths))
+        if not selector.get_map() and in_flight is None and not waiting:
+            break
+        launched = None
+        if waiting:
+            calls, waiting = waiting[: args["max_calls"]], waiting[args["max_calls"] :]
+            ids = np.concatenate([call[1] for call in calls])
+            lengths = np.concatenate([call[2] for call in calls])
+            launched = (calls, engine.submit(ids, lengths))
+            batches, sequences = batches + 1, sequences + len(lengths)
+        if in_flight is not None:
+            calls, collect = in_flight
+            rows = np.ascontiguousarray(collect(), dtype=np.float32)
+            start = 0
+            for conn, _, lengths in calls:
+                conn.sendall(rows[start : start + len(lengths)].tobytes())
+                start += len(lengths)
+        in_flight = launched
+    out.put(("server", batches, sequences))
+
+
+def run(mode: str, args: argparse.Namespace, model_dir: str, folder: Path) -> dict:
+    ctx = mp.get_context("spawn")  # CUDA in each child, none in this process
+    shared = {**vars(args), "mode": mode, "model_dir": model_dir, "socket": str(folder / f"{mode}.sock")}
+    out, start, stop, ready = ctx.Queue(), ctx.Event(), ctx.Event(), ctx.Event()
+    processes = []
+    if mode == "shared":
+        processes.append(ctx.Process(target=server, args=(shared, ready, out)))
+        processes[-1].start()
+        if not ready.wait(600):
+            raise RuntimeError("the engine server did not come up")
+    for index in range(args.clients):
+        processes.append(ctx.Process(target=client, args=(index, shared, start, stop, out)))
+        processes[-1].start()
+    for _ in range(args.clients):
+        out.get(timeout=600)
+    start.set()
+    began = time.perf_counter()
+    time.sleep(args.duration_s)
+    stop.set()
+    done = [out.get(timeout=120) for _ in range(args.clients)]
+    elapsed = time.perf_counter() - began
+    server_counts = out.get(timeout=120) if mode == "shared" else None
+    for process in processes:
+        process.join(timeout=60)
+    latencies = np.array([x for item in done for x in item[3]]) * 1000
+    result = {
+        "seq_per_s": round(sum(item[2] for item in done) / elapsed, 1),
+        "calls": len(latencies),
+        "p50_ms": round(float(np.percentile(latencies, 50)), 3),
+        "p99_ms": round(float(np.percentile(latencies, 99)), 3),
+    }
+    if server_counts is not None:
+        result["sequences_a_batch"] = round(server_counts[2] / max(1, server_counts[1]), 1)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.shared_engine", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, default=8, help="processes calling the engine (the served stubs)")
+    parser.add_argument("--texts", type=int, nargs="+", default=[8, 40], help="sequences a call, one run each")
+    parser.add_argument("--host-us", type=float, default=300.0, help="busy CPU before each call (a stub's own work)")
+    parser.add_argument("--modes", nargs="+", choices=("own", "shared"), default=["own", "shared"])
+    parser.add_argument("--max-calls", type=int, default=64, help="most calls the server runs as one batch")
+    parser.add_argument("--duration-s", type=float, default=5.0)
+    parser.add_argument("--device", default="cuda:0")
+    parser.add_argument("--precision", default="fp16")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    from bench.engine_workload import BERT_BASE, write_bert_base
+
+    args.hidden = BERT_BASE["hidden_size"]
+    folder = Path(tempfile.mkdtemp(prefix="shared_engine_"))
+    model_dir = str(write_bert_base(folder / "model"))
+    results = {"benchmark": "shared_engine", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               "command": " ".join(["python -m bench.shared_engine", *(argv or sys.argv[1:])]), "runs": []}  # fmt: skip
+    for texts in args.texts:
+        for mode in args.modes:
+            found = run(mode, argparse.Namespace(**{**vars(args), "texts": texts}), model_dir, folder)
+            results["runs"].append({"mode": mode, "texts": texts, **found})
+            print(f"{mode:6} {args.clients} x {texts:4} texts: {found}", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "shared_engine.json").write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
