@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call on the H200 for issue 45: this tree beside others in the same call (TREES: "name:folder" pairs,
 # each a plain copy of a commit with its own export, e.g. `git archive 6545040 | tar -x -C .trees/main`, carried).
-# The engine alone first (its own figure beside the served ones), then per tree, with that tree's own benchmarks:
+# The engine alone first (its own figure beside the served ones; SHARED=1: bench.shared_engine after it), then per
+# tree, with that tree's own benchmarks:
 # - PART=queries: bench.api_cost, one text a request, direct gRPC and /v1/embeddings (base64) at CONCURRENCY: a load
 #   of queries only, sent by each of GENERATORS (perf_analyzer: one process, PA_THREADS threads; python: the harness);
 # - PART=shapes: bench.e2e_bench (perf_analyzer, unary gRPC) at E2E_SHAPES (texts x concurrency);
@@ -31,6 +32,10 @@ wait
 if [ "${ENGINE:-1}" = 1 ]; then  # ENGINE=0: a second part in the same call
   "$IMAGE_PYTHON" -m bench.engine_bench --out "$OUT" --no-baseline --batch-sizes "${ENGINE_BATCHES:-1,64,1024}" 2>&1 \
     | grep "^engine"
+fi
+if [ "${SHARED:-0}" = 1 ]; then  # bench.shared_engine: 8 processes with an engine each, against one engine process
+  "$IMAGE_PYTHON" -m bench.shared_engine --out "$OUT/shared" --texts ${SHARED_TEXTS:-1 8 40} 2>&1 \
+    | grep -E "^(own|shared) "
 fi
 # shellcheck source=bench/device_env.sh
 source bench/device_env.sh
