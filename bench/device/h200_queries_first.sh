@@ -9,6 +9,7 @@
 # - PART=priority: bench.priority_bench: one-text queries at 50/s alone and beside SHAPES of ingestion
 #   (clients x texts), then 1,000 requests with a 5 ms budget beside the first shape, from each count of client
 #   processes in DEADLINE_PROCESSES ("1 8" unless set: 64 at a time from one process, then 8 at a time from each of 8).
+# ROUNDS: how many times the trees run, alternating (round r > 1 writes <name>-r<r>).
 # SET_<name>: --set overrides for that tree (e.g. SET_new="encoder.instances=8"). API_HEADERS: NAME:VALUE headers
 # that PART=queries adds to the HTTP routes' requests (bench.api_cost --header), e.g. "X-Request-Timeout:1s".
 # Run from the repo root with .kit and the trees carried. Results land in $OUT.
@@ -41,41 +42,45 @@ fi
 source bench/device_env.sh
 headers=()  # API_HEADERS, the same for every tree
 for item in ${API_HEADERS:-}; do headers+=(--header "$item"); done
-for pair in $TREES; do
-  name=${pair%%:*} folder=${pair#*:}
-  set_var="SET_${name}"
-  flags=()
-  for override in ${!set_var:-}; do flags+=(--set "$override"); done
-  echo "== $name ($folder) ${!set_var:-}"
-  (cd "$folder" && python3 -m model_repository.generate --settings "$SETTINGS" "${flags[@]}" > /dev/null)
-  if [ "$PART" = queries ]; then
-    # perf_analyzer: one process of PA_THREADS threads (16, its own default, as issue 45's figures ran it: with 1
-    # thread its OpenAI mode used about 1.2 cores at 14k req/s, docs/results/h100/landing-2026-12-05-c);
-    # python: the harness's PY_PROCESSES processes.
-    for generator in ${GENERATORS:-perf_analyzer}; do
-      processes=${PA_THREADS:-16}
-      [ "$generator" = python ] && processes=${PY_PROCESSES:-4}
-      echo "-- $generator"
-      (cd "$folder" && python3 -m bench.api_cost --settings "$SETTINGS" "${flags[@]}" --generator "$generator" \
-        --processes "$processes" --routes grpc api-base64 "${headers[@]}" --concurrency ${CONCURRENCY:-1 64 256} \
-        --duration-s "${DURATION_S:-4}" --rounds 1 --out "$OUT/$name-$generator" 2>&1 \
-        | tee "$OUT/$name-$generator.log" | grep "^c=") || echo "$name: api_cost failed"
-    done
-  elif [ "$PART" = shapes ]; then  # several texts a request over unary gRPC: TEXTSxCONCURRENCY
-    (cd "$folder" && python3 -m bench.e2e_bench --settings "$SETTINGS" "${flags[@]}" --perf-analyzer "$PERF_ANALYZER" \
-      --gpu-name "$GPU_NAME" --shapes "${E2E_SHAPES:-8x64,64x8}" --interval-ms 2000 --out "$OUT/$name-shapes" 2>&1 \
-      | tee "$OUT/$name-shapes.log" | grep -v "^ " | tail -6) || echo "$name: e2e_bench failed"
-  else
-    shapes=${SHAPES:-16x64 4x64 64x8}
-    modes=(--modes lanes)  # a tree whose priority_bench runs both modes always: the first shape only
-    grep -q -- '"--modes"' "$folder/bench/priority_bench.py" || { modes=(); shapes=${shapes%% *}; }
-    for shape in $shapes; do
-      deadline=(--deadline-requests 0)
-      [ "$shape" = "${shapes%% *}" ] && deadline=(--deadline-requests 1000 --budget-ms 5 \
-        --deadline-processes ${DEADLINE_PROCESSES:-1 8})
-      (cd "$folder" && python3 -m bench.priority_bench --settings "$SETTINGS" "${flags[@]}" --query-rate 50 \
-        --ingestion-clients "${shape%x*}" --ingestion-texts "${shape#*x}" --duration "${DURATION:-8}" "${deadline[@]}" \
-        "${modes[@]}" --out "$OUT/$name-$shape" 2>&1 | grep -v "^ " | tail -4) || echo "$name $shape: priority_bench failed"
-    done
-  fi
+for round in $(seq "${ROUNDS:-1}"); do  # ROUNDS > 1: the trees again, alternating (a window spreads 7-10 %)
+  for pair in $TREES; do
+    name=${pair%%:*} folder=${pair#*:}
+    label=$name  # its results: $OUT/<label>-...
+    [ "$round" = 1 ] || label=$name-r$round
+    set_var="SET_${name}"
+    flags=()
+    for override in ${!set_var:-}; do flags+=(--set "$override"); done
+    echo "== $label ($folder) ${!set_var:-}"
+    (cd "$folder" && python3 -m model_repository.generate --settings "$SETTINGS" "${flags[@]}" > /dev/null)
+    if [ "$PART" = queries ]; then
+      # perf_analyzer: one process of PA_THREADS threads (16, its own default, as issue 45's figures ran it: with 1
+      # thread its OpenAI mode used about 1.2 cores at 14k req/s, docs/results/h100/landing-2026-12-05-c);
+      # python: the harness's PY_PROCESSES processes.
+      for generator in ${GENERATORS:-perf_analyzer}; do
+        processes=${PA_THREADS:-16}
+        [ "$generator" = python ] && processes=${PY_PROCESSES:-4}
+        echo "-- $generator"
+        (cd "$folder" && python3 -m bench.api_cost --settings "$SETTINGS" "${flags[@]}" --generator "$generator" \
+          --processes "$processes" --routes grpc api-base64 "${headers[@]}" --concurrency ${CONCURRENCY:-1 64 256} \
+          --duration-s "${DURATION_S:-4}" --rounds 1 --out "$OUT/$label-$generator" 2>&1 \
+          | tee "$OUT/$label-$generator.log" | grep "^c=") || echo "$name: api_cost failed"
+      done
+    elif [ "$PART" = shapes ]; then  # several texts a request over unary gRPC: TEXTSxCONCURRENCY
+      (cd "$folder" && python3 -m bench.e2e_bench --settings "$SETTINGS" "${flags[@]}" --perf-analyzer "$PERF_ANALYZER" \
+        --gpu-name "$GPU_NAME" --shapes "${E2E_SHAPES:-8x64,64x8}" --interval-ms 2000 --out "$OUT/$label-shapes" 2>&1 \
+        | tee "$OUT/$label-shapes.log" | grep -v "^ " | tail -6) || echo "$name: e2e_bench failed"
+    else
+      shapes=${SHAPES:-16x64 4x64 64x8}
+      modes=(--modes lanes)  # a tree whose priority_bench runs both modes always: the first shape only
+      grep -q -- '"--modes"' "$folder/bench/priority_bench.py" || { modes=(); shapes=${shapes%% *}; }
+      for shape in $shapes; do
+        deadline=(--deadline-requests 0)
+        [ "$shape" = "${shapes%% *}" ] && deadline=(--deadline-requests 1000 --budget-ms 5 \
+          --deadline-processes ${DEADLINE_PROCESSES:-1 8})
+        (cd "$folder" && python3 -m bench.priority_bench --settings "$SETTINGS" "${flags[@]}" --query-rate 50 \
+          --ingestion-clients "${shape%x*}" --ingestion-texts "${shape#*x}" --duration "${DURATION:-8}" "${deadline[@]}" \
+          "${modes[@]}" --out "$OUT/$label-$shape" 2>&1 | grep -v "^ " | tail -4) || echo "$name $shape: priority_bench failed"
+      done
+    fi
+  done
 done
