@@ -8,11 +8,13 @@ router hands one backend its batches, serve the same calls at a higher rate and 
 
 Both modes run the same workload: `--clients` processes in closed loops, each call `--texts` sequences (lengths as
 engine_bench draws them) after `--host-us` of busy CPU (a stub's own work between engine calls: tokenizing, the
-Python backend's hand-over). `own`: each client loads the torch engine and calls Engine.submit / collect itself.
+Python backend's hand-over); beside them `--query-clients` processes send one-text queries at `--query-rate` each
+(the query lane's stub). `own`: each process loads the torch engine and calls Engine.submit / collect itself.
 `shared`: one server process loads it; the clients send packed ids and lengths over a Unix socket; the server takes
-every call waiting, runs them as one batch (the next launched before the last is collected), and answers each
-client its rows. Reported per mode: sequences/s, per-call p50/p99, (shared) sequences a batch, and the largest
-difference of a client's first rows computed again at the end (beside other calls in shared mode).
+the waiting queries first, else every waiting call, runs them as one batch (the next launched before the last is
+collected), and answers each client its rows. Reported per mode: the stubs' sequences/s and per-call p50/p99, the
+queries' p50/p99, (shared) sequences a batch, and the largest difference of a client's first rows computed again at
+the end (beside other calls in shared mode).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-HEADER = struct.Struct("<II")  # sequences, tokens; then lengths (int64) and ids (int32)
+HEADER = struct.Struct("<III")  # sequences, tokens, query (1) or not; then lengths (int64) and ids (int32)
 
 
 def recv_exact(sock: socket.socket, size: int) -> bytes:
@@ -63,8 +65,10 @@ def load(model_dir: str, device: str, precision: str):
 
 
 def client(index: int, args: dict, start: mp.Event, stop: mp.Event, out: mp.Queue) -> None:
-    """One stub: its own engine (`own`), or the server's (`shared`); closed loop from `start` to `stop`."""
-    batches = workload(index, args["texts"])
+    """One stub: its own engine (`own`), or the server's (`shared`), from `start` to `stop`: a closed loop of
+    args["texts"] sequences a call, or (index past args["clients"]) one-text queries at args["query_rate"]."""
+    query = index >= args["clients"]
+    batches = workload(index, 1 if query else args["texts"])
     if args["mode"] == "own":
         engine = load(args["model_dir"], args["device"], args["precision"])
 
@@ -75,7 +79,7 @@ def client(index: int, args: dict, start: mp.Event, stop: mp.Event, out: mp.Queu
         sock.connect(args["socket"])
 
         def call(ids, lengths):
-            sock.sendall(HEADER.pack(len(lengths), len(ids)) + lengths.tobytes() + ids.tobytes())
+            sock.sendall(HEADER.pack(len(lengths), len(ids), query) + lengths.tobytes() + ids.tobytes())
             return np.frombuffer(recv_exact(sock, len(lengths) * args["hidden"] * 4), np.float32)
 
     first = call(*batches[0])
@@ -84,8 +88,12 @@ def client(index: int, args: dict, start: mp.Event, stop: mp.Event, out: mp.Queu
     out.put(("ready", index))
     start.wait()
     latencies, sequences, calls = [], 0, 0
+    due = time.perf_counter()
     while not stop.is_set():
         ids, lengths = batches[calls % len(batches)]
+        if query:  # open loop: each query at its time
+            due += 1 / args["query_rate"]
+            time.sleep(max(0.0, due - time.perf_counter()))
         busy(args["host_us"])
         began = time.perf_counter()
         call(ids, lengths)
@@ -93,7 +101,7 @@ def client(index: int, args: dict, start: mp.Event, stop: mp.Event, out: mp.Queu
         sequences, calls = sequences + len(lengths), calls + 1
     # The first call's rows again, now computed beside other calls: a row handed to the wrong caller shows here.
     drift = float(np.abs(np.asarray(call(*batches[0]), np.float32).reshape(-1) - np.asarray(first).reshape(-1)).max())
-    out.put(("done", index, sequences, latencies, drift))
+    out.put(("done", query, sequences, latencies, drift))
 
 
 def server(args: dict, ready: mp.Event, out: mp.Queue) -> None:
@@ -102,34 +110,38 @@ def server(args: dict, ready: mp.Event, out: mp.Queue) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(args["socket"])
     listener.listen(64)
-    for texts in range(1, args["clients"] * args["texts"] + 1):  # warm: the graphs of every size a batch may take
+    for texts in range(1, args["clients"] * args["texts"] + args["query_clients"] + 1):  # warm: every batch size
         for ids, lengths in workload(99 + texts, texts, 2):
             engine.forward_packed(ids, lengths)
     ready.set()
-    conns = [listener.accept()[0] for _ in range(args["clients"])]
+    conns = [listener.accept()[0] for _ in range(args["clients"] + args["query_clients"])]
     selector = selectors.DefaultSelector()
     for conn in conns:
         selector.register(conn, selectors.EVENT_READ)
-    waiting: list[tuple[socket.socket, np.ndarray, np.ndarray]] = []
+    waiting: list[tuple[socket.socket, np.ndarray, np.ndarray]] = []  # the stubs' calls
+    queries: list[tuple[socket.socket, np.ndarray, np.ndarray]] = []
     in_flight = None  # (calls, collect)
     batches, sequences = 0, 0
     while True:
-        idle = in_flight is None and not waiting
+        idle = in_flight is None and not waiting and not queries
         for key, _ in selector.select(timeout=None if idle else 0):
             conn = key.fileobj
             try:
-                n, tokens = HEADER.unpack(recv_exact(conn, HEADER.size))
+                n, tokens, query = HEADER.unpack(recv_exact(conn, HEADER.size))
             except ConnectionError:
                 selector.unregister(conn)
                 continue
             lengths = np.frombuffer(recv_exact(conn, 8 * n), np.int64)
             ids = np.frombuffer(recv_exact(conn, 4 * tokens), np.int32)
-            waiting.append((conn, ids, lengths))
-        if not selector.get_map() and in_flight is None and not waiting:
+            (queries if query else waiting).append((conn, ids, lengths))
+        if not selector.get_map() and in_flight is None and not waiting and not queries:
             break
         launched = None
-        if waiting:
-            calls, waiting = waiting[: args["max_calls"]], waiting[args["max_calls"] :]
+        if queries or waiting:  # queries first, as a batch of their own
+            if queries:
+                calls, queries = queries, []
+            else:
+                calls, waiting = waiting[: args["max_calls"]], waiting[args["max_calls"] :]
             ids = np.concatenate([call[1] for call in calls])
             lengths = np.concatenate([call[2] for call in calls])
             launched = (calls, engine.submit(ids, lengths))
@@ -155,26 +167,36 @@ def run(mode: str, args: argparse.Namespace, model_dir: str, folder: Path) -> di
         processes[-1].start()
         if not ready.wait(600):
             raise RuntimeError("the engine server did not come up")
-    for index in range(args.clients):
+    everyone = args.clients + args.query_clients
+    for index in range(everyone):
         processes.append(ctx.Process(target=client, args=(index, shared, start, stop, out)))
         processes[-1].start()
-    for _ in range(args.clients):
+    for _ in range(everyone):
         out.get(timeout=600)
     start.set()
     began = time.perf_counter()
     time.sleep(args.duration_s)
     stop.set()
-    done = [out.get(timeout=120) for _ in range(args.clients)]
+    done = [out.get(timeout=120) for _ in range(everyone)]
     elapsed = time.perf_counter() - began
     server_counts = out.get(timeout=120) if mode == "shared" else None
     for process in processes:
         process.join(timeout=60)
-    latencies = np.array([x for item in done for x in item[3]]) * 1000
+
+    def spread(query: bool) -> dict:
+        latencies = np.array([x for item in done if item[1] == query for x in item[3]]) * 1000
+        if not len(latencies):
+            return {}
+        return {
+            "calls": len(latencies),
+            "p50_ms": round(float(np.percentile(latencies, 50)), 3),
+            "p99_ms": round(float(np.percentile(latencies, 99)), 3),
+        }
+
     result = {
-        "seq_per_s": round(sum(item[2] for item in done) / elapsed, 1),
-        "calls": len(latencies),
-        "p50_ms": round(float(np.percentile(latencies, 50)), 3),
-        "p99_ms": round(float(np.percentile(latencies, 99)), 3),
+        "seq_per_s": round(sum(item[2] for item in done if not item[1]) / elapsed, 1),  # the stubs' calls
+        **spread(False),
+        "queries": spread(True),
         "max_abs_diff": max(item[4] for item in done),  # each client's first rows, again at the end
     }
     if server_counts is not None:
@@ -187,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=8, help="processes calling the engine (the served stubs)")
     parser.add_argument("--texts", type=int, nargs="+", default=[8, 40], help="sequences a call, one run each")
     parser.add_argument("--host-us", type=float, default=300.0, help="busy CPU before each call (a stub's own work)")
+    parser.add_argument("--query-clients", type=int, default=1, help="processes sending one-text queries beside them")
+    parser.add_argument("--query-rate", type=float, default=50.0, help="queries a second from each")
     parser.add_argument("--modes", nargs="+", choices=("own", "shared"), default=["own", "shared"])
     parser.add_argument("--max-calls", type=int, default=64, help="most calls the server runs as one batch")
     parser.add_argument("--duration-s", type=float, default=5.0)
