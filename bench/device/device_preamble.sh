@@ -8,13 +8,16 @@ mkdir -p "$OUT"
 
 # The device sends back at most 8 files of its $OUT, none more than two folders down, and drops the rest (a call
 # of 2026-12-07 lost four trees' records so). On exit, more files than that, or any two folders down in $OUT (which
-# may itself be a folder of the device's), become one archive, $OUT/out.tar.gz.
+# may itself be a folder of the device's), become one archive, $OUT/out-<time>.tar.gz; an earlier script's archive
+# in the same $OUT stays as it is.
 pack_out() {
-  local files
-  files=$(find "$OUT" -type f | wc -l)
+  local files archive
+  files=$(find "$OUT" -type f ! -name 'out-*.tar.gz' | wc -l)
   [ "$files" -gt 8 ] || [ -n "$(find "$OUT" -mindepth 3 -type f | head -n 1)" ] || return 0
-  tar -C "$OUT" --exclude ./out.tar.gz -czf /tmp/out.tar.gz . && find "$OUT" -mindepth 1 -delete \
-    && mv /tmp/out.tar.gz "$OUT/out.tar.gz" && echo "packed $files files of $OUT into $OUT/out.tar.gz"
+  archive=out-$(date -u +%H%M%S).tar.gz
+  tar -C "$OUT" --exclude './out-*.tar.gz' -czf "/tmp/$archive" . \
+    && find "$OUT" -mindepth 1 -maxdepth 1 ! -name 'out-*.tar.gz' -exec rm -rf {} + \
+    && mv "/tmp/$archive" "$OUT/$archive" && echo "packed $files files of $OUT into $OUT/$archive"
 }
 trap pack_out EXIT
 IMAGE_PYTHON=${IMAGE_PYTHON:-/opt/torch/.venv/bin/python3}
