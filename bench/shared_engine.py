@@ -207,7 +207,7 @@ def run(mode: str, args: argparse.Namespace, model_dir: str, folder: Path) -> di
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.shared_engine", description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=8, help="processes calling the engine (the served stubs)")
-    parser.add_argument("--texts", type=int, nargs="+", default=[8, 40], help="sequences a call, one run each")
+    parser.add_argument("--texts", type=int, nargs="+", default=[1, 8, 40], help="sequences a call, one run each")
     parser.add_argument("--host-us", type=float, default=300.0, help="busy CPU before each call (a stub's own work)")
     parser.add_argument("--query-clients", type=int, default=1, help="processes sending one-text queries beside them")
     parser.add_argument("--query-rate", type=float, default=50.0, help="queries a second from each")

@@ -35,7 +35,7 @@ if [ "${ENGINE:-1}" = 1 ]; then  # ENGINE=0: a second part in the same call
     | grep "^engine"
 fi
 if [ "${SHARED:-0}" = 1 ]; then  # bench.shared_engine: 8 processes with an engine each, against one engine process
-  "$IMAGE_PYTHON" -m bench.shared_engine --out "$OUT/shared" --texts ${SHARED_TEXTS:-1 8 40} 2>&1 \
+  "$IMAGE_PYTHON" -m bench.shared_engine --out "$OUT/shared" ${SHARED_TEXTS:+--texts $SHARED_TEXTS} 2>&1 \
     | grep -E "^(own|shared) "
 fi
 # shellcheck source=bench/device_env.sh
