@@ -15,6 +15,9 @@ the waiting queries first, else every waiting call, runs them as one batch (the 
 collected), and answers each client its rows. Reported per mode: the stubs' sequences/s and per-call p50/p99, the
 queries' p50/p99, (shared) sequences a batch, and the largest difference of a client's first rows computed again at
 the end (beside other calls in shared mode).
+`mps`: as `own`, with an MPS control daemon of the run's own (its pipe and log folders in the run's temporary folder,
+quit at the end), so the processes' kernels share the GPU at once instead of taking turns as contexts: the same
+effect without a new process in the serving path, if the host lets a container start the daemon.
 """
 
 from __future__ import annotations
@@ -22,9 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
+import queue
 import selectors
+import shutil
 import socket
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -69,7 +76,7 @@ def client(index: int, args: dict, start: mp.Event, stop: mp.Event, out: mp.Queu
     args["texts"] sequences a call, or (index past args["clients"]) one-text queries at args["query_rate"]."""
     query = index >= args["clients"]
     batches = workload(index, 1 if query else args["texts"])
-    if args["mode"] == "own":
+    if args["mode"] in ("own", "mps"):
         engine = load(args["model_dir"], args["device"], args["precision"])
 
         def call(ids, lengths):
@@ -157,7 +164,49 @@ def server(args: dict, ready: mp.Event, out: mp.Queue) -> None:
     out.put(("server", batches, sequences))
 
 
+class MpsDaemon:
+    """nvidia-cuda-mps-control -d for one run: its folders under `folder`, its environment in os.environ while it runs
+    (the spawned clients inherit it), quit and the environment restored at the end."""
+
+    def __init__(self, folder: Path) -> None:
+        self.binary = shutil.which("nvidia-cuda-mps-control")
+        if self.binary is None:
+            raise RuntimeError("nvidia-cuda-mps-control is not on PATH")
+        self.env = {
+            "CUDA_MPS_PIPE_DIRECTORY": str(folder / "mps-pipe"),
+            "CUDA_MPS_LOG_DIRECTORY": str(folder / "mps-log"),
+        }
+        self.saved = {name: os.environ.get(name) for name in self.env}
+
+    def control(self, command: str) -> str:
+        return subprocess.run([self.binary], input=command + "\n", capture_output=True, text=True,
+                              env={**os.environ, **self.env}, timeout=30).stdout.strip()  # fmt: skip
+
+    def __enter__(self) -> MpsDaemon:
+        for path in self.env.values():
+            Path(path).mkdir(parents=True, exist_ok=True)
+        subprocess.run([self.binary, "-d"], env={**os.environ, **self.env}, check=True, timeout=30)
+        os.environ.update(self.env)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.control("quit")
+        for name, value in self.saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def run(mode: str, args: argparse.Namespace, model_dir: str, folder: Path) -> dict:
+    if mode == "mps":
+        with MpsDaemon(folder) as daemon:
+            result = run_clients(mode, args, model_dir, folder, daemon)
+        return result
+    return run_clients(mode, args, model_dir, folder, None)
+
+
+def run_clients(mode: str, args: argparse.Namespace, model_dir: str, folder: Path, daemon: MpsDaemon | None) -> dict:
     ctx = mp.get_context("spawn")  # CUDA in each child, none in this process
     shared = {**vars(args), "mode": mode, "model_dir": model_dir, "socket": str(folder / f"{mode}.sock")}
     out, start, stop, ready = ctx.Queue(), ctx.Event(), ctx.Event(), ctx.Event()
@@ -171,11 +220,24 @@ def run(mode: str, args: argparse.Namespace, model_dir: str, folder: Path) -> di
     for index in range(everyone):
         processes.append(ctx.Process(target=client, args=(index, shared, start, stop, out)))
         processes[-1].start()
-    for _ in range(everyone):
-        out.get(timeout=600)
+    loading, ready = time.monotonic(), 0
+    while ready < everyone:  # a client that cannot load (mps: no daemon's server) ends the run, not the benchmark
+        try:
+            out.get(timeout=5)
+            ready += 1
+        except queue.Empty:
+            failed = [process.exitcode for process in processes if process.exitcode not in (None, 0)]
+            if failed or time.monotonic() - loading > 600:
+                for process in processes:
+                    process.terminate()
+                raise RuntimeError(
+                    f"{mode}: {'a process exited ' + str(failed[0]) if failed else 'no start in 600 s'}"
+                ) from None
     start.set()
     began = time.perf_counter()
     time.sleep(args.duration_s)
+    # The daemon's servers while the clients run: none listed means they did not go through it.
+    mps_servers = daemon.control("get_server_list") if daemon is not None else None
     stop.set()
     done = [out.get(timeout=120) for _ in range(everyone)]
     elapsed = time.perf_counter() - began
@@ -199,6 +261,8 @@ def run(mode: str, args: argparse.Namespace, model_dir: str, folder: Path) -> di
         "queries": spread(True),
         "max_abs_diff": max(item[4] for item in done),  # each client's first rows, again at the end
     }
+    if mps_servers is not None:
+        result["mps_servers"] = mps_servers
     if server_counts is not None:
         result["sequences_a_batch"] = round(server_counts[2] / max(1, server_counts[1]), 1)
     return result
@@ -211,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host-us", type=float, default=300.0, help="busy CPU before each call (a stub's own work)")
     parser.add_argument("--query-clients", type=int, default=1, help="processes sending one-text queries beside them")
     parser.add_argument("--query-rate", type=float, default=50.0, help="queries a second from each")
-    parser.add_argument("--modes", nargs="+", choices=("own", "shared"), default=["own", "shared"])
+    parser.add_argument("--modes", nargs="+", choices=("own", "mps", "shared"), default=["own", "mps", "shared"])
     parser.add_argument("--max-calls", type=int, default=64, help="most calls the server runs as one batch")
     parser.add_argument("--duration-s", type=float, default=5.0)
     parser.add_argument("--device", default="cuda:0")
@@ -227,7 +291,10 @@ def main(argv: list[str] | None = None) -> int:
                "command": " ".join(["python -m bench.shared_engine", *(argv or sys.argv[1:])]), "runs": []}  # fmt: skip
     for texts in args.texts:
         for mode in args.modes:
-            found = run(mode, argparse.Namespace(**{**vars(args), "texts": texts}), model_dir, folder)
+            try:
+                found = run(mode, argparse.Namespace(**{**vars(args), "texts": texts}), model_dir, folder)
+            except (RuntimeError, OSError, subprocess.SubprocessError) as error:  # mps: no daemon on this host
+                found = {"error": str(error)}
             results["runs"].append({"mode": mode, "texts": texts, **found})
             print(f"{mode:6} {args.clients} x {texts:4} texts: {found}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -36,7 +36,7 @@ if [ "${ENGINE:-1}" = 1 ]; then  # ENGINE=0: a second part in the same call
 fi
 if [ "${SHARED:-0}" = 1 ]; then  # bench.shared_engine: 8 processes with an engine each, against one engine process
   "$IMAGE_PYTHON" -m bench.shared_engine --out "$OUT/shared" ${SHARED_TEXTS:+--texts $SHARED_TEXTS} 2>&1 \
-    | grep -E "^(own|shared) "
+    | grep -E "^(own|mps|shared) "
 fi
 # shellcheck source=bench/device_env.sh
 source bench/device_env.sh
