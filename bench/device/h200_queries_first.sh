@@ -10,7 +10,8 @@
 #   (clients x texts), then 1,000 requests with a 5 ms budget beside the first shape, from each count of client
 #   processes in DEADLINE_PROCESSES ("1 8" unless set: 64 at a time from one process, then 8 at a time from each of 8).
 # ROUNDS: how many times the trees run, alternating (round r > 1 writes <name>-r<r>).
-# SET_<name>: --set overrides for that tree (e.g. SET_new="encoder.instances=8"). API_HEADERS: NAME:VALUE headers
+# SET_<name>: --set overrides for that tree (e.g. SET_new="encoder.instances=8"). MPS_<name>=1: that tree's runs
+# under an MPS control daemon (its default folders; quit after them), so its stubs' kernels share the GPU at once. API_HEADERS: NAME:VALUE headers
 # that PART=queries adds to the HTTP routes' requests (bench.api_cost --header), e.g. "X-Request-Timeout:1s".
 # Run from the repo root with .kit and the trees carried. Results land in $OUT.
 OUT=${OUT:-/tmp/h200_queries_first}
@@ -51,6 +52,12 @@ for round in $(seq "${ROUNDS:-1}"); do  # ROUNDS > 1: the trees again, alternati
     flags=()
     for override in ${!set_var:-}; do flags+=(--set "$override"); done
     echo "== $label ($folder) ${!set_var:-}"
+    mps_var="MPS_${name}"
+    if [ "${!mps_var:-0}" = 1 ]; then  # the tree's processes inherit the daemon's folders
+      export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+      mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+      nvidia-cuda-mps-control -d && echo "MPS daemon started"
+    fi
     (cd "$folder" && python3 -m model_repository.generate --settings "$SETTINGS" "${flags[@]}" > /dev/null)
     if [ "$PART" = queries ]; then
       # perf_analyzer: one process of PA_THREADS threads (16, its own default, as issue 45's figures ran it: with 1
@@ -81,6 +88,11 @@ for round in $(seq "${ROUNDS:-1}"); do  # ROUNDS > 1: the trees again, alternati
           --ingestion-clients "${shape%x*}" --ingestion-texts "${shape#*x}" --duration "${DURATION:-8}" "${deadline[@]}" \
           "${modes[@]}" --out "$OUT/$label-$shape" 2>&1 | grep -v "^ " | tail -4) || echo "$name $shape: priority_bench failed"
       done
+    fi
+    if [ "${!mps_var:-0}" = 1 ]; then
+      echo "MPS clients seen: $(grep -c 'New client' "$CUDA_MPS_LOG_DIRECTORY/control.log" || true)"
+      echo quit | nvidia-cuda-mps-control
+      unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
     fi
   done
 done
