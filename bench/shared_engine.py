@@ -208,7 +208,8 @@ def run(mode: str, args: argparse.Namespace, model_dir: str, folder: Path) -> di
 
 def run_clients(mode: str, args: argparse.Namespace, model_dir: str, folder: Path, daemon: MpsDaemon | None) -> dict:
     ctx = mp.get_context("spawn")  # CUDA in each child, none in this process
-    shared = {**vars(args), "mode": mode, "model_dir": model_dir, "socket": str(folder / f"{mode}.sock")}
+    socket_path = folder / f"{mode}-{args.texts}.sock"  # one a run: a second run's bind would find the first's
+    shared = {**vars(args), "mode": mode, "model_dir": model_dir, "socket": str(socket_path)}
     out, start, stop, ready = ctx.Queue(), ctx.Event(), ctx.Event(), ctx.Event()
     processes = []
     if mode == "shared":
@@ -239,9 +240,14 @@ def run_clients(mode: str, args: argparse.Namespace, model_dir: str, folder: Pat
     # The daemon's servers while the clients run: none listed means they did not go through it.
     mps_servers = daemon.control("get_server_list") if daemon is not None else None
     stop.set()
-    done = [out.get(timeout=120) for _ in range(everyone)]
     elapsed = time.perf_counter() - began
-    server_counts = out.get(timeout=120) if mode == "shared" else None
+    done, server_counts = [], None  # the server's counts may come before a client's last message
+    while len(done) < everyone or (mode == "shared" and server_counts is None):
+        item = out.get(timeout=120)
+        if item[0] == "server":
+            server_counts = item
+        else:
+            done.append(item)
     for process in processes:
         process.join(timeout=60)
 

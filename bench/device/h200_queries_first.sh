@@ -90,7 +90,7 @@ for round in $(seq "${ROUNDS:-1}"); do  # ROUNDS > 1: the trees again, alternati
       done
     fi
     if [ "${!mps_var:-0}" = 1 ]; then
-      echo "MPS clients seen: $(grep -c 'New client' "$CUDA_MPS_LOG_DIRECTORY/control.log" || true)"
+      echo "MPS clients seen: $(grep -ci 'new client' "$CUDA_MPS_LOG_DIRECTORY/control.log" || true)"
       echo quit | nvidia-cuda-mps-control
       unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
     fi
