@@ -22,6 +22,9 @@ WARMUP_TEXT = "Warm-up request: the first real request should not pay for lazy i
 SERVING_FILE = "serving.json"
 CALIBRATION_FILE = "calibration.npy"  # an embedder's unit embeddings of its calibration corpus (export/calibration.py)
 OPTION_PREFIX = "engine."  # config parameters that carry the settings' [engine] options
+# The files of an engine process (stages/engines/shared.py) in the temporary folder:
+# ENGINE_PROCESS_PREFIX<tritonserver pid>-<model key>.sock, .ready, .lock, .log; the launcher removes a dead server's.
+ENGINE_PROCESS_PREFIX = "bert-triton-engine-"
 # A sparse model's outputs, per request [texts, that request's most non-zero entries]: each text's vocabulary
 # indices (int32, ascending, padded with -1) and their weights (fp32, padded with 0).
 SPARSE_INDICES = "sparse_indices"

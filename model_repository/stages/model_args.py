@@ -42,4 +42,11 @@ def engine_from_args(args: dict, params: dict, log: Callable[[str], None]) -> En
     options.update(
         {key.removeprefix(OPTION_PREFIX): value for key, value in params.items() if key.startswith(OPTION_PREFIX)}
     )
+    if str(options.pop("shared_process", "false")).lower() in ("true", "1"):  # one engine process a device
+        from .engines.shared import SharedEngine
+
+        shared = {**options, "inner_kind": choice.kind, "query": params.get("gpu_turns") == "lane"}
+        engine = SharedEngine(version_dir, ServingSpec.load(version_dir), device, shared)
+        log(f"{args['model_instance_name']}: shares the engine process at {engine.socket_path}")
+        return engine
     return load_engine(choice.kind, version_dir, device, options)

@@ -1,0 +1,234 @@
+"""One engine process for every stub of a model on one device: their calls run as shared batches.
+
+Why: a served model's 8 stubs on a GPU are 8 CUDA contexts, each running the few texts Triton hands it, and the GPU
+time-slices them. On an H100 (docs/results/h100/2026-12-07-e/, bench.shared_engine), 8 processes calling with 8
+texts each ran 12.9k sequences/s on contexts of their own and 30.0k through one process that batched their calls.
+
+The stubs call it through engines/shared.py over a Unix stream socket, one call after another on a connection:
+CALL (sequences, tokens, flags), then lengths (int64), ids (int32) and, with FLAG_TYPES, types (int32). Each call is
+answered in order: ANSWER (status, rows, width, bytes that follow); status 0: float32 rows [rows, width]; 1: a UTF-8
+message (the call failed; the next ones go on).
+
+Scheduling: the waiting calls flagged FLAG_QUERY (the query lane's stubs) run first, as a batch of their own; else
+the waiting calls in arrival order, up to `max_tokens` tokens (at least one call), so that a query waits at most for
+one bounded batch in flight and one launched. The next batch is launched before the last one's rows are sent, so
+the device is not idle while they are. The process ends when the process named by --parent-pid (tritonserver) has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+
+from common.contract import ENGINE_PROCESS_PREFIX as PREFIX
+
+CALL = struct.Struct("<IIII")  # sequences, tokens, flags, reserved
+ANSWER = struct.Struct("<IIII")  # status, rows, width, bytes that follow
+FLAG_QUERY = 1
+FLAG_TYPES = 2
+SUFFIXES = (".sock", ".ready", ".lock", ".log")
+READY = b"ready\n"  # written to STEM.ready once loaded and listening
+
+
+def recv_exact(sock: socket.socket, size: int) -> bytes:
+    data = bytearray(size)
+    view, got = memoryview(data), 0
+    while got < size:
+        count = sock.recv_into(view[got:], size - got)
+        if not count:
+            raise ConnectionError("the other end closed the connection")
+        got += count
+    return bytes(data)
+
+
+class Call:
+    """One stub's call, as received."""
+
+    __slots__ = ("conn", "ids", "lengths", "query", "types")
+
+    def __init__(self, conn: socket.socket, lengths: np.ndarray, ids: np.ndarray, types, query: bool) -> None:
+        self.conn, self.lengths, self.ids, self.types, self.query = conn, lengths, ids, types, query
+
+
+def read_call(conn: socket.socket) -> Call:
+    sequences, tokens, flags, _ = CALL.unpack(recv_exact(conn, CALL.size))
+    lengths = np.frombuffer(recv_exact(conn, 8 * sequences), np.int64)
+    ids = np.frombuffer(recv_exact(conn, 4 * tokens), np.int32)
+    types = np.frombuffer(recv_exact(conn, 4 * tokens), np.int32) if flags & FLAG_TYPES else None
+    return Call(conn, lengths, ids, types, bool(flags & FLAG_QUERY))
+
+
+def send_rows(conn: socket.socket, rows: np.ndarray) -> None:
+    conn.sendall(ANSWER.pack(0, rows.shape[0], rows.shape[1], rows.nbytes) + rows.tobytes())
+
+
+def send_error(conn: socket.socket, message: str) -> None:
+    body = message.encode()
+    conn.sendall(ANSWER.pack(1, 0, 0, len(body)) + body)
+
+
+class Scheduler:
+    """The waiting calls, and which of them run as the next batch."""
+
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens = max_tokens
+        self.queries: deque[Call] = deque()
+        self.others: deque[Call] = deque()
+
+    def add(self, call: Call) -> None:
+        (self.queries if call.query else self.others).append(call)
+
+    def __bool__(self) -> bool:
+        return bool(self.queries or self.others)
+
+    def drop(self, conn: socket.socket) -> None:
+        """A closed connection's calls: nobody reads their rows."""
+        for waiting in (self.queries, self.others):
+            kept = [call for call in waiting if call.conn is not conn]
+            waiting.clear()
+            waiting.extend(kept)
+
+    def next_batch(self) -> list[Call]:
+        waiting = self.queries or self.others
+        batch = [waiting.popleft()]
+        tokens = len(batch[0].ids)
+        while waiting and tokens + len(waiting[0].ids) <= self.max_tokens:
+            tokens += len(waiting[0].ids)
+            batch.append(waiting.popleft())
+        return batch
+
+
+def launch(engine, batch: list[Call]):
+    """The batch begun on the engine: a callable giving its rows, or the error that stopped it."""
+    ids = np.concatenate([call.ids for call in batch])
+    lengths = np.concatenate([call.lengths for call in batch])
+    types = None
+    if any(call.types is not None for call in batch):
+        types = np.concatenate([call.types if call.types is not None else np.zeros_like(call.ids) for call in batch])
+    try:
+        return engine.submit(ids, lengths, types)
+    except Exception as error:  # every call of the batch is told, and the process serves on
+        return error
+
+
+def answer(batch: list[Call], begun, closed: set) -> None:
+    """Each call of a finished batch its own rows (or the error), in the batch's order."""
+    try:
+        if isinstance(begun, Exception):
+            raise begun
+        outputs = begun()
+        if not isinstance(outputs, np.ndarray) or outputs.ndim != 2:
+            raise TypeError(f"the engine process serves one row per sequence; this engine gave {type(outputs)}")
+        rows = np.ascontiguousarray(outputs, dtype=np.float32)
+    except Exception as error:
+        for call in batch:
+            if call.conn not in closed:
+                send_error(call.conn, f"{type(error).__name__}: {error}")
+        return
+    start = 0
+    for call in batch:
+        end = start + len(call.lengths)
+        if call.conn not in closed:
+            try:
+                send_rows(call.conn, rows[start:end])
+            except OSError:
+                closed.add(call.conn)
+        start = end
+
+
+def serve(engine, listener: socket.socket, max_tokens: int, parent_pid: int) -> None:
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ)
+    scheduler = Scheduler(max_tokens)
+    in_flight = None  # (batch, collect)
+    closed: set[socket.socket] = set()
+    last_check = time.monotonic()
+    while True:
+        idle = in_flight is None and not scheduler
+        for key, _ in selector.select(timeout=1.0 if idle else 0):
+            if key.fileobj is listener:
+                conn, _ = listener.accept()
+                selector.register(conn, selectors.EVENT_READ)
+                continue
+            conn = key.fileobj
+            try:
+                scheduler.add(read_call(conn))
+            except (ConnectionError, OSError):
+                selector.unregister(conn)
+                scheduler.drop(conn)
+                closed.add(conn)
+                conn.close()
+        launched = None
+        if scheduler:
+            batch = scheduler.next_batch()
+            launched = (batch, launch(engine, batch))
+        if in_flight is not None:
+            answer(*in_flight, closed)
+        in_flight = launched
+        if time.monotonic() - last_check > 1.0:
+            last_check = time.monotonic()
+            if parent_pid and not _alive(parent_pid):
+                return
+
+
+def _alive(pid: int) -> bool:
+    """Whether the process runs: a zombie (ended, not yet waited for by its parent) does not."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kind", required=True, help="the engine's kind (engines.ENGINES)")
+    parser.add_argument("--model-dir", type=Path, required=True, help="the model's version folder")
+    parser.add_argument("--device", required=True)
+    parser.add_argument("--options", default="{}", help="the engine's options, JSON")
+    parser.add_argument("--stem", type=Path, required=True, help="its files: STEM.sock, .ready, .lock, .log")
+    parser.add_argument("--max-tokens", type=int, default=16384, help="most tokens a batch of calls takes")
+    parser.add_argument("--parent-pid", type=int, default=0, help="end when this process has (0: never)")
+    args = parser.parse_args(argv)
+    from . import load_engine
+
+    remove_stale(args.stem.parent)
+    # tritonserver's end takes its process group with SIGTERM (the launcher's reap): leave no files then either
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    engine = load_engine(args.kind, args.model_dir, args.device, json.loads(args.options))
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    path = args.stem.with_suffix(".sock")
+    path.unlink(missing_ok=True)
+    listener.bind(str(path))
+    listener.listen(256)
+    args.stem.with_suffix(".ready").write_bytes(READY)
+    print(f"engine process {os.getpid()}: {args.kind} on {args.device}, {path}", file=sys.stderr, flush=True)
+    try:
+        serve(engine, listener, args.max_tokens, args.parent_pid)
+    finally:  # its tritonserver has ended: nothing of it is wanted
+        for suffix in SUFFIXES:
+            args.stem.with_suffix(suffix).unlink(missing_ok=True)
+    return 0
+
+
+def remove_stale(folder: Path) -> None:
+    """The files of engine processes whose tritonserver is gone (a process killed outright leaves them)."""
+    for path in folder.glob(f"{PREFIX}*"):
+        pid = path.name.removeprefix(PREFIX).split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)) and path.suffix in SUFFIXES:
+            path.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

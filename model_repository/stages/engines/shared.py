@@ -1,0 +1,173 @@
+"""SharedEngine: a stub's engine that is one engine process shared by every stub of its model on its device.
+
+With `engine.options = {shared_process = true}` a stage's stubs on one device call one process
+(engine_process.py), which runs their calls together as larger batches, the query lane's first. The first stub to
+come finds no process listening, starts it (under a lock, so only one does) and waits until it has loaded; the
+others connect. The process is named by tritonserver's pid and the model's files, device, engine kind and
+options, and ends with that tritonserver.
+
+Rows only (dense embeddings and classification logits): a sparse, hybrid or multi-vector model's outputs are not
+rows and are refused when the stage loads.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from common.contract import ENGINE_PROCESS_PREFIX, ServingSpec
+
+from .base import Engine
+from .engine_process import ANSWER, CALL, FLAG_QUERY, FLAG_TYPES, recv_exact
+
+ROW_TASKS = ("embedding", "classification", "rerank")
+
+
+def process_name(parent_pid: int, model_dir: Path, device: str, kind: str, options: dict) -> str:
+    """One process per tritonserver, exported model, device, engine kind and options. The model is its version
+    folder's files by inode, so that the query lane's folder, whose files are hard links to the model's, names the
+    same process."""
+    files = []
+    for path in sorted(Path(model_dir).iterdir()):
+        if path.is_file() and path.name != "model.py":
+            stat = path.stat()
+            files.append((path.name, stat.st_dev, stat.st_ino, stat.st_size))
+    key = json.dumps([files, device, kind, options], sort_keys=True)
+    return f"{ENGINE_PROCESS_PREFIX}{parent_pid}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+class SharedEngine(Engine):
+    """Calls the device's engine process; submit() sends a call and returns its answer's reader. A process that
+    died is started again, and the calls it had not answered are sent to the new one (an engine call changes
+    nothing, so running it twice is safe)."""
+
+    kind = "shared"
+
+    def __init__(self, model_dir: Path, spec: ServingSpec, device: str, options: dict) -> None:
+        super().__init__(model_dir, spec, device, options)
+        if spec.task not in ROW_TASKS:
+            raise ValueError(f"engine option shared_process serves row outputs ({', '.join(ROW_TASKS)}); this model's "
+                             f"task is {spec.task}: remove shared_process from engine.options")  # fmt: skip
+        self.inner_kind = options["inner_kind"]
+        self.query = bool(options.get("query"))
+        self.engine_options = {k: v for k, v in options.items() if k not in ("inner_kind", "query", "parent_pid")}
+        self.parent_pid = int(options.get("parent_pid") or os.getppid())  # a stub's: its tritonserver
+        name = process_name(self.parent_pid, model_dir, device, self.inner_kind, self.engine_options)
+        self.stem = Path(tempfile.gettempdir()) / name
+        self.socket_path = self.stem.with_suffix(".sock")
+        self.sock: socket.socket | None = None
+        self.sent = 0  # calls numbered so far
+        self.unanswered: deque[tuple[int, bytes]] = deque()  # sent calls not yet answered, in order
+        self.answers: dict[int, np.ndarray | str] = {}  # read ahead of their collect()
+        self._connect()
+
+    def _connect(self) -> None:
+        """Connect to the process, starting it first if none listens (one stub does, under a lock)."""
+        self.sock = self._try_connect()
+        if self.sock is not None:
+            return
+        ready, log_file = self.stem.with_suffix(".ready"), self.stem.with_suffix(".log")
+        with open(self.stem.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self.sock = self._try_connect()  # another stub started it meanwhile
+            if self.sock is None:
+                ready.unlink(missing_ok=True)  # a process that died leaves its file
+                process = self._start(log_file)
+                deadline = time.monotonic() + 600
+                while not ready.exists():
+                    if process.poll() is not None or time.monotonic() > deadline:
+                        tail = log_file.read_text(errors="replace")[-2000:] if log_file.exists() else ""
+                        raise RuntimeError(f"the engine process for {self.model_dir} did not start: {tail}")
+                    time.sleep(0.05)
+                self.sock = self._try_connect()
+        if self.sock is None:
+            raise RuntimeError(f"the engine process at {self.socket_path} does not answer (its log: {log_file})")
+
+    def _try_connect(self) -> socket.socket | None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(str(self.socket_path))
+        except OSError:
+            sock.close()
+            return None
+        return sock
+
+    def _start(self, log_file: Path) -> subprocess.Popen:
+        package = __name__.rsplit(".", 1)[0]  # this engines package, however the stage was imported
+        root = Path(__file__).resolve().parents[package.count(".") + 1]
+        python = sys.executable  # a test's; a stub's is Triton's stub binary, its Python the first python3 on PATH
+        if not Path(python).name.startswith("python"):
+            python = shutil.which("python3") or "python3"
+        command = [
+            python, "-m", f"{package}.engine_process", "--kind", self.inner_kind, "--model-dir", str(self.model_dir),
+            "--device", self.device, "--options", json.dumps(self.engine_options), "--stem", str(self.stem),
+            "--parent-pid", str(self.parent_pid),
+        ]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+        with open(log_file, "wb") as log:
+            return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root)
+
+    def _reconnect(self) -> None:
+        """A new connection (a new process where the last one died), and every unanswered call sent to it."""
+        if self.sock is not None:
+            self.sock.close()
+        self.sock = None
+        self._connect()
+        for _, payload in self.unanswered:
+            self.sock.sendall(payload)
+
+    def submit(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None,
+               wanted: frozenset[str] | None = None,
+               kept: np.ndarray | None = None) -> Callable[[], object]:  # fmt: skip
+        flags = (FLAG_QUERY if self.query else 0) | (FLAG_TYPES if types is not None else 0)
+        ids = np.ascontiguousarray(ids, dtype=np.int32)
+        parts = [CALL.pack(len(lengths), len(ids), flags, 0), np.ascontiguousarray(lengths, np.int64).tobytes(),
+                 ids.tobytes()]  # fmt: skip
+        if types is not None:
+            parts.append(np.ascontiguousarray(types, dtype=np.int32).tobytes())
+        payload = b"".join(parts)
+        number, self.sent = self.sent, self.sent + 1
+        self.unanswered.append((number, payload))
+        try:
+            self.sock.sendall(payload)
+        except OSError:  # the process is gone
+            self._reconnect()
+        self.computed_tokens = len(ids)
+        return lambda: self._collect(number)
+
+    def forward_packed(self, ids, lengths, types=None, wanted=None, kept=None):
+        return self.submit(ids, lengths, types, wanted, kept)()
+
+    def _collect(self, number: int) -> np.ndarray:
+        retried = False
+        while number not in self.answers:  # answers come in the order of the calls
+            try:
+                status, rows, width, size = ANSWER.unpack(recv_exact(self.sock, ANSWER.size))
+                body = recv_exact(self.sock, size)
+            except OSError as error:  # ConnectionError too
+                if retried:
+                    raise RuntimeError(f"the engine process ended twice during one call ({error})") from error
+                retried = True
+                self._reconnect()
+                continue
+            answered, _ = self.unanswered.popleft()
+            self.answers[answered] = (
+                np.frombuffer(body, np.float32).reshape(rows, width) if status == 0 else body.decode(errors="replace")
+            )
+        found = self.answers.pop(number)
+        if isinstance(found, str):
+            raise RuntimeError(f"the engine process: {found}")
+        return found

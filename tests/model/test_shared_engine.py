@@ -1,0 +1,159 @@
+"""engine.options.shared_process: a stage's stubs on one device call one engine process (engines/engine_process.py)
+through engines/shared.py. Here on the CPU with the torch engine in fp32, against that engine in this process, and
+served by tritonserver with two instances."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from client import TextClient
+from common.contract import ServingSpec
+from model_repository.generate import generate
+from model_repository.stages.engines import load_engine
+from model_repository.stages.engines.base import pack_sequences
+from model_repository.stages.engines.shared import SharedEngine
+from serving.launcher.harness import local_server
+from settings import load_settings
+
+OPTIONS = {"precision": "fp32", "inner_kind": "torch"}
+
+
+@pytest.fixture(scope="module")
+def token_batches(exported, sentences) -> list[tuple[np.ndarray, np.ndarray]]:
+    tokenizer = Tokenizer.from_file(str(exported / "tokenizer.json"))
+    rows = [encoding.ids for encoding in tokenizer.encode_batch(sentences)]
+    return [pack_sequences(rows[start : start + size]) for start, size in ((0, 1), (1, 5), (6, 17), (23, 9))]
+
+
+@pytest.fixture(scope="module")
+def direct(exported):
+    return load_engine("torch", exported, "cpu", {"precision": "fp32"})
+
+
+def shared(exported, parent_pid: int, **extra) -> SharedEngine:
+    return SharedEngine(exported, ServingSpec.load(exported), "cpu", {**OPTIONS, "parent_pid": parent_pid, **extra})
+
+
+@pytest.fixture(scope="module")
+def parent():
+    """The engine process's tritonserver stand-in: it ends when this does."""
+    process = subprocess.Popen(["sleep", "600"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+def test_rows_are_the_engine_s_own_and_stubs_share_one_process(exported, direct, token_batches, parent):
+    first, second = shared(exported, parent.pid), shared(exported, parent.pid, query=True)
+    assert first.socket_path == second.socket_path
+    for ids, lengths in token_batches:
+        expected = direct.forward_packed(ids, lengths)
+        np.testing.assert_allclose(first.forward_packed(ids, lengths), expected, atol=1e-5)
+        np.testing.assert_allclose(second.forward_packed(ids, lengths), expected, atol=1e-5)
+
+
+def test_calls_in_flight_come_back_in_order_to_each_caller(exported, direct, token_batches, parent):
+    """Each of 4 callers pipelines its 4 batches (all submitted, then collected) while the others do: the process
+    batches their calls together, and every row goes back to its own caller."""
+    expected = [direct.forward_packed(ids, lengths) for ids, lengths in token_batches]
+    engines = [shared(exported, parent.pid, query=index == 0) for index in range(4)]
+    failures: list[str] = []
+
+    def caller(engine: SharedEngine, shift: int) -> None:
+        order = token_batches[shift:] + token_batches[:shift]
+        wanted = expected[shift:] + expected[:shift]
+        for _ in range(5):
+            collects = [engine.submit(ids, lengths) for ids, lengths in order]
+            for collect, rows in zip(collects, wanted, strict=True):
+                if not np.allclose(collect(), rows, atol=1e-5):
+                    failures.append(f"caller {shift}")
+
+    threads = [threading.Thread(target=caller, args=(engine, index)) for index, engine in enumerate(engines)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not failures
+
+
+def test_a_failed_call_is_answered_and_the_process_serves_on(exported, direct, token_batches, parent):
+    engine = shared(exported, parent.pid)
+    ids, lengths = token_batches[1]
+    with pytest.raises(RuntimeError, match=r"the engine process: .*index"):
+        engine.forward_packed(np.full_like(ids, 10_000_000), lengths)  # no such token
+    np.testing.assert_allclose(engine.forward_packed(ids, lengths), direct.forward_packed(ids, lengths), atol=1e-5)
+
+
+def engine_processes(engine: SharedEngine) -> list[int]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(engine.stem).encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_a_process_that_died_is_started_again_by_the_next_call(exported, direct, token_batches, parent):
+    engine, other = shared(exported, parent.pid), shared(exported, parent.pid)
+    ids, lengths = token_batches[2]
+    (pid,) = engine_processes(engine)
+    os.kill(pid, signal.SIGKILL)
+    for stub in (engine, other):  # each stub's next call: the one that finds it gone starts it, the other connects
+        np.testing.assert_allclose(stub.forward_packed(ids, lengths), direct.forward_packed(ids, lengths), atol=1e-5)
+    assert len(engine_processes(engine)) == 1
+
+
+def test_outputs_that_are_not_rows_are_refused_at_load(exported):
+    sparse = dataclasses.replace(ServingSpec.load(exported), task="sparse")
+    with pytest.raises(ValueError, match="shared_process serves row outputs"):
+        SharedEngine(exported, sparse, "cpu", {**OPTIONS, "parent_pid": os.getpid()})
+
+
+def test_the_process_ends_with_its_tritonserver(exported, token_batches):
+    parent = subprocess.Popen(["sleep", "600"])
+    engine = shared(exported, parent.pid)
+    engine.forward_packed(*token_batches[0])
+    parent.kill()
+    parent.wait()
+    assert not files_left(engine.stem)
+
+
+def files_left(stem: Path, within_s: float = 30) -> list[Path]:
+    """The engine process's files still there after `within_s` seconds."""
+    deadline = time.monotonic() + within_s
+    while (found := list(stem.parent.glob(stem.name + ".*"))) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return found
+
+
+def test_served_by_tritonserver_through_one_process(exported, sentences, reference_model, tmp_path):
+    """Two instances of the model and the query lane's, all calling the one engine process the first stub started."""
+    settings = load_settings(None, ['engine.precision="fp32"', 'engine.kind="torch"', "encoder.instances=2",
+                                    "engine.options={shared_process=true}"])  # fmt: skip
+    repository = generate(settings, exported, tmp_path / "repository")
+    server = local_server(settings, repository, tmp_path / "server").start()
+    try:
+        with TextClient(server.grpc_url, "grpc") as client:
+            served = client.embed(sentences)
+        log = server.log_path.read_text()
+    finally:
+        server.stop()
+    expected = reference_model.encode(sentences, convert_to_numpy=True)
+    cosine = (served * expected).sum(1) / (np.linalg.norm(served, axis=1) * np.linalg.norm(expected, axis=1))
+    assert cosine.min() >= 0.9999, cosine.min()
+    sockets = {line.rsplit(" ", 1)[1] for line in log.splitlines() if "shares the engine process at" in line}
+    # the model's two instances and the query lane's one: all on the one process, which ended with tritonserver
+    assert log.count("shares the engine process at") == 3 and len(sockets) == 1, log[-3000:]
+    assert not files_left(Path(sockets.pop().strip('"')).with_suffix(""))
