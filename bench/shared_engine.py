@@ -10,11 +10,13 @@ Both modes run the same workload: `--clients` processes in closed loops, each ca
 engine_bench draws them) after `--host-us` of busy CPU (a stub's own work between engine calls: tokenizing, the
 Python backend's hand-over); beside them `--query-clients` processes send one-text queries at `--query-rate` each
 (the query lane's stub). `own`: each process loads the torch engine and calls Engine.submit / collect itself.
-`shared`: one server process loads it; the clients send packed ids and lengths over a Unix socket; the server takes
-the waiting queries first, else every waiting call, runs them as one batch (the next launched before the last is
-collected), and answers each client its rows. Reported per mode: the stubs' sequences/s and per-call p50/p99, the
-queries' p50/p99, (shared) sequences a batch, and the largest difference of a client's first rows computed again at
-the end (beside other calls in shared mode).
+`shared`: the serving path's engine process (model_repository/stages/engines/engine_process.py, as
+`engine.options.shared_process` runs it): this process starts it through a SharedEngine and warms every batch size a
+run can form; each client calls it through a SharedEngine of its own (the query clients flagged as the query lane's),
+and it runs the waiting queries first, else the waiting calls up to its token bound, as one batch, the next launched
+before the last one's rows are sent. Reported per mode: the stubs' sequences/s and per-call p50/p99, the queries'
+p50/p99, and the largest difference of a client's first rows computed again at the end (beside other calls in shared
+mode).
 `mps`: as `own`, with an MPS control daemon of the run's own (its pipe and log folders in the run's temporary folder,
 quit at the end), so the processes' kernels share the GPU at once instead of taking turns as contexts: the same
 effect without a new process in the serving path, if the host lets a container start the daemon.
@@ -27,10 +29,7 @@ import json
 import multiprocessing as mp
 import os
 import queue
-import selectors
 import shutil
-import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -38,18 +37,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-HEADER = struct.Struct("<III")  # sequences, tokens, query (1) or not; then lengths (int64) and ids (int32)
-
-
-def recv_exact(sock: socket.socket, size: int) -> bytes:
-    data = bytearray()
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise ConnectionError("closed")
-        data += chunk
-    return bytes(data)
 
 
 def busy(us: float) -> None:
@@ -82,12 +69,10 @@ def client(index: int, args: dict, start: mp.Event, stop: mp.Event, out: mp.Queu
         def call(ids, lengths):
             return engine.submit(ids, lengths)()
     else:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.connect(args["socket"])
+        engine = shared_engine(args, query)
 
         def call(ids, lengths):
-            sock.sendall(HEADER.pack(len(lengths), len(ids), query) + lengths.tobytes() + ids.tobytes())
-            return np.frombuffer(recv_exact(sock, len(lengths) * args["hidden"] * 4), np.float32)
+            return engine.submit(ids, lengths)()
 
     first = call(*batches[0])
     for ids, lengths in batches[1:]:  # warm: the graphs of every batch this client sends
@@ -111,57 +96,15 @@ def client(index: int, args: dict, start: mp.Event, stop: mp.Event, out: mp.Queu
     out.put(("done", query, sequences, latencies, drift))
 
 
-def server(args: dict, ready: mp.Event, out: mp.Queue) -> None:
-    """The GPU's one process: every waiting call in one batch; batch n + 1 launched before batch n's rows go back."""
-    engine = load(args["model_dir"], args["device"], args["precision"])
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(args["socket"])
-    listener.listen(64)
-    for texts in range(1, args["clients"] * args["texts"] + args["query_clients"] + 1):  # warm: every batch size
-        for ids, lengths in workload(99 + texts, texts, 2):
-            engine.forward_packed(ids, lengths)
-    ready.set()
-    conns = [listener.accept()[0] for _ in range(args["clients"] + args["query_clients"])]
-    selector = selectors.DefaultSelector()
-    for conn in conns:
-        selector.register(conn, selectors.EVENT_READ)
-    waiting: list[tuple[socket.socket, np.ndarray, np.ndarray]] = []  # the stubs' calls
-    queries: list[tuple[socket.socket, np.ndarray, np.ndarray]] = []
-    in_flight = None  # (calls, collect)
-    batches, sequences = 0, 0
-    while True:
-        idle = in_flight is None and not waiting and not queries
-        for key, _ in selector.select(timeout=None if idle else 0):
-            conn = key.fileobj
-            try:
-                n, tokens, query = HEADER.unpack(recv_exact(conn, HEADER.size))
-            except ConnectionError:
-                selector.unregister(conn)
-                continue
-            lengths = np.frombuffer(recv_exact(conn, 8 * n), np.int64)
-            ids = np.frombuffer(recv_exact(conn, 4 * tokens), np.int32)
-            (queries if query else waiting).append((conn, ids, lengths))
-        if not selector.get_map() and in_flight is None and not waiting and not queries:
-            break
-        launched = None
-        if queries or waiting:  # queries first, as a batch of their own
-            if queries:
-                calls, queries = queries, []
-            else:
-                calls, waiting = waiting[: args["max_calls"]], waiting[args["max_calls"] :]
-            ids = np.concatenate([call[1] for call in calls])
-            lengths = np.concatenate([call[2] for call in calls])
-            launched = (calls, engine.submit(ids, lengths))
-            batches, sequences = batches + 1, sequences + len(lengths)
-        if in_flight is not None:
-            calls, collect = in_flight
-            rows = np.ascontiguousarray(collect(), dtype=np.float32)
-            start = 0
-            for conn, _, lengths in calls:
-                conn.sendall(rows[start : start + len(lengths)].tobytes())
-                start += len(lengths)
-        in_flight = launched
-    out.put(("server", batches, sequences))
+def shared_engine(args: dict, query: bool = False):
+    """A SharedEngine on the run's engine process (started by the first caller, ended with args["owner_pid"])."""
+    from common.contract import ServingSpec
+    from model_repository.stages.engines.shared import SharedEngine
+
+    options = {"inner_kind": "torch", "query": query, "parent_pid": args["owner_pid"]}
+    if args["device"] != "cpu":
+        options["precision"] = args["precision"]
+    return SharedEngine(Path(args["model_dir"]), ServingSpec.load(args["model_dir"]), args["device"], options)
 
 
 class MpsDaemon:
@@ -201,22 +144,29 @@ class MpsDaemon:
 def run(mode: str, args: argparse.Namespace, model_dir: str, folder: Path) -> dict:
     if mode == "mps":
         with MpsDaemon(folder) as daemon:
-            result = run_clients(mode, args, model_dir, folder, daemon)
-        return result
-    return run_clients(mode, args, model_dir, folder, None)
+            return timed(mode, args, model_dir, daemon)
+    return timed(mode, args, model_dir, None)
 
 
-def run_clients(mode: str, args: argparse.Namespace, model_dir: str, folder: Path, daemon: MpsDaemon | None) -> dict:
+def timed(mode: str, args: argparse.Namespace, model_dir: str, daemon: MpsDaemon | None) -> dict:
+    owner = subprocess.Popen(["sleep", "3600"])  # the engine process of a shared run ends with it
+    try:
+        return run_clients(mode, args, model_dir, daemon, owner.pid)
+    finally:
+        owner.kill()
+        owner.wait()
+
+
+def run_clients(mode: str, args: argparse.Namespace, model_dir: str, daemon: MpsDaemon | None, owner: int) -> dict:
     ctx = mp.get_context("spawn")  # CUDA in each child, none in this process
-    socket_path = folder / f"{mode}-{args.texts}.sock"  # one a run: a second run's bind would find the first's
-    shared = {**vars(args), "mode": mode, "model_dir": model_dir, "socket": str(socket_path)}
-    out, start, stop, ready = ctx.Queue(), ctx.Event(), ctx.Event(), ctx.Event()
+    shared = {**vars(args), "mode": mode, "model_dir": model_dir, "owner_pid": owner}
+    out, start, stop = ctx.Queue(), ctx.Event(), ctx.Event()
     processes = []
-    if mode == "shared":
-        processes.append(ctx.Process(target=server, args=(shared, ready, out)))
-        processes[-1].start()
-        if not ready.wait(600):
-            raise RuntimeError("the engine server did not come up")
+    if mode == "shared":  # started and warmed here: every batch size the run's calls can make together
+        warm = shared_engine(shared)
+        for texts in range(1, args.clients * args.texts + args.query_clients + 1):
+            for ids, lengths in workload(99 + texts, texts, 2):
+                warm.forward_packed(ids, lengths)
     everyone = args.clients + args.query_clients
     for index in range(everyone):
         processes.append(ctx.Process(target=client, args=(index, shared, start, stop, out)))
@@ -241,13 +191,7 @@ def run_clients(mode: str, args: argparse.Namespace, model_dir: str, folder: Pat
     mps_servers = daemon.control("get_server_list") if daemon is not None else None
     stop.set()
     elapsed = time.perf_counter() - began
-    done, server_counts = [], None  # the server's counts may come before a client's last message
-    while len(done) < everyone or (mode == "shared" and server_counts is None):
-        item = out.get(timeout=120)
-        if item[0] == "server":
-            server_counts = item
-        else:
-            done.append(item)
+    done = [out.get(timeout=120) for _ in range(everyone)]
     for process in processes:
         process.join(timeout=60)
 
@@ -269,8 +213,6 @@ def run_clients(mode: str, args: argparse.Namespace, model_dir: str, folder: Pat
     }
     if mps_servers is not None:
         result["mps_servers"] = mps_servers
-    if server_counts is not None:
-        result["sequences_a_batch"] = round(server_counts[2] / max(1, server_counts[1]), 1)
     return result
 
 
@@ -282,15 +224,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--query-clients", type=int, default=1, help="processes sending one-text queries beside them")
     parser.add_argument("--query-rate", type=float, default=50.0, help="queries a second from each")
     parser.add_argument("--modes", nargs="+", choices=("own", "mps", "shared"), default=["own", "mps", "shared"])
-    parser.add_argument("--max-calls", type=int, default=64, help="most calls the server runs as one batch")
     parser.add_argument("--duration-s", type=float, default=5.0)
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--precision", default="fp16")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    from bench.engine_workload import BERT_BASE, write_bert_base
+    from bench.engine_workload import write_bert_base
 
-    args.hidden = BERT_BASE["hidden_size"]
     folder = Path(tempfile.mkdtemp(prefix="shared_engine_"))
     model_dir = str(write_bert_base(folder / "model"))
     results = {"benchmark": "shared_engine", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
