@@ -86,6 +86,27 @@ def test_calls_in_flight_come_back_in_order_to_each_caller(exported, direct, tok
     assert not failures
 
 
+def test_a_stub_that_has_not_read_its_rows_yet_holds_up_no_other(exported, token_batches, parent):
+    """Rows larger than a socket's buffer wait in the process for their stub, which reads them only when it
+    collects (after sending its next call), while the process answers the other stubs."""
+    ids, lengths = pack_sequences([row for _ in range(8) for row in unpacked(*token_batches[2])])  # 136 rows
+    slow, other = shared(exported, parent.pid), shared(exported, parent.pid)
+    pending = [slow.submit(ids, lengths) for _ in range(3)]  # 3 x 136 x 384 floats, not read yet
+    answered = threading.Event()
+    thread = threading.Thread(target=lambda: (other.forward_packed(*token_batches[0]), answered.set()))
+    thread.start()
+    try:
+        assert answered.wait(60), "a stub's unread rows held up another stub's call"
+    finally:
+        for collect in pending:
+            assert collect().shape == (len(lengths), 384)
+        thread.join(60)
+
+
+def unpacked(ids: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
+    return np.split(ids, np.cumsum(lengths)[:-1])
+
+
 def test_a_failed_call_is_answered_and_the_process_serves_on(exported, direct, token_batches, parent):
     engine = shared(exported, parent.pid)
     ids, lengths = token_batches[1]

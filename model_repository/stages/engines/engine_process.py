@@ -69,13 +69,72 @@ def read_call(conn: socket.socket) -> Call:
     return Call(conn, lengths, ids, types, bool(flags & FLAG_QUERY))
 
 
-def send_rows(conn: socket.socket, rows: np.ndarray) -> None:
-    conn.sendall(ANSWER.pack(0, rows.shape[0], rows.shape[1], rows.nbytes) + rows.tobytes())
+def rows_answer(rows: np.ndarray) -> bytes:
+    return ANSWER.pack(0, rows.shape[0], rows.shape[1], rows.nbytes) + rows.tobytes()
 
 
-def send_error(conn: socket.socket, message: str) -> None:
+def error_answer(message: str) -> bytes:
     body = message.encode()
-    conn.sendall(ANSWER.pack(1, 0, 0, len(body)) + body)
+    return ANSWER.pack(1, 0, 0, len(body)) + body
+
+
+class Connections:
+    """The stubs' connections: calls read as they come, answers sent without waiting for a stub that is not reading
+    yet (a stub reads a batch's rows only after it has sent its next one, and a socket's buffer holds less than a
+    large batch's rows): what does not fit now waits in the connection's outbox until it can be written."""
+
+    def __init__(self, listener: socket.socket) -> None:
+        self.listener = listener
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(listener, selectors.EVENT_READ)
+        self.outboxes: dict[socket.socket, deque[memoryview]] = {}
+
+    def poll(self, timeout: float, scheduler: Scheduler) -> None:
+        for key, events in self.selector.select(timeout):
+            conn = key.fileobj
+            if conn is self.listener:
+                conn, _ = self.listener.accept()
+                self.selector.register(conn, selectors.EVENT_READ)
+                self.outboxes[conn] = deque()
+                continue
+            try:
+                if events & selectors.EVENT_WRITE:
+                    self._flush(conn)
+                if events & selectors.EVENT_READ:
+                    scheduler.add(read_call(conn))
+            except OSError:  # ConnectionError too: the stub is gone
+                self.close(conn, scheduler)
+
+    def send(self, conn: socket.socket, data: bytes) -> None:
+        outbox = self.outboxes.get(conn)
+        if outbox is None:  # closed meanwhile
+            return
+        outbox.append(memoryview(data))
+        try:
+            self._flush(conn)
+        except OSError:
+            self.close(conn, None)
+
+    def _flush(self, conn: socket.socket) -> None:
+        outbox = self.outboxes[conn]
+        while outbox:
+            try:
+                sent = conn.send(outbox[0], socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                break
+            if sent < len(outbox[0]):
+                outbox[0] = outbox[0][sent:]
+            else:
+                outbox.popleft()
+        self.selector.modify(conn, selectors.EVENT_READ | (selectors.EVENT_WRITE if outbox else 0))
+
+    def close(self, conn: socket.socket, scheduler: Scheduler | None) -> None:
+        if self.outboxes.pop(conn, None) is None:
+            return
+        self.selector.unregister(conn)
+        if scheduler is not None:
+            scheduler.drop(conn)
+        conn.close()
 
 
 class Scheduler:
@@ -122,7 +181,7 @@ def launch(engine, batch: list[Call]):
         return error
 
 
-def answer(batch: list[Call], begun, closed: set) -> None:
+def answer(batch: list[Call], begun, connections: Connections) -> None:
     """Each call of a finished batch its own rows (or the error), in the batch's order."""
     try:
         if isinstance(begun, Exception):
@@ -133,48 +192,28 @@ def answer(batch: list[Call], begun, closed: set) -> None:
         rows = np.ascontiguousarray(outputs, dtype=np.float32)
     except Exception as error:
         for call in batch:
-            if call.conn not in closed:
-                send_error(call.conn, f"{type(error).__name__}: {error}")
+            connections.send(call.conn, error_answer(f"{type(error).__name__}: {error}"))
         return
     start = 0
     for call in batch:
         end = start + len(call.lengths)
-        if call.conn not in closed:
-            try:
-                send_rows(call.conn, rows[start:end])
-            except OSError:
-                closed.add(call.conn)
+        connections.send(call.conn, rows_answer(rows[start:end]))
         start = end
 
 
 def serve(engine, listener: socket.socket, max_tokens: int, parent_pid: int) -> None:
-    selector = selectors.DefaultSelector()
-    selector.register(listener, selectors.EVENT_READ)
+    connections = Connections(listener)
     scheduler = Scheduler(max_tokens)
-    in_flight = None  # (batch, collect)
-    closed: set[socket.socket] = set()
+    in_flight = None  # (batch, its rows' reader)
     last_check = time.monotonic()
     while True:
-        idle = in_flight is None and not scheduler
-        for key, _ in selector.select(timeout=1.0 if idle else 0):
-            if key.fileobj is listener:
-                conn, _ = listener.accept()
-                selector.register(conn, selectors.EVENT_READ)
-                continue
-            conn = key.fileobj
-            try:
-                scheduler.add(read_call(conn))
-            except (ConnectionError, OSError):
-                selector.unregister(conn)
-                scheduler.drop(conn)
-                closed.add(conn)
-                conn.close()
+        connections.poll(1.0 if in_flight is None and not scheduler else 0, scheduler)
         launched = None
         if scheduler:
             batch = scheduler.next_batch()
             launched = (batch, launch(engine, batch))
         if in_flight is not None:
-            answer(*in_flight, closed)
+            answer(*in_flight, connections)
         in_flight = launched
         if time.monotonic() - last_check > 1.0:
             last_check = time.monotonic()
