@@ -18,6 +18,7 @@ the device is not idle while they are. The process ends when the process named b
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import selectors
@@ -243,6 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     from . import load_engine
 
     remove_stale(args.stem.parent)
+    # It serves the query lane too: not at the nice value of the model's stub that happened to start it
+    # (priority.ingestion_nice), where the system lets it go back to 0.
+    with contextlib.suppress(PermissionError):
+        os.setpriority(os.PRIO_PROCESS, 0, 0)
     # tritonserver's end takes its process group with SIGTERM (the launcher's reap): leave no files then either
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     engine = load_engine(args.kind, args.model_dir, args.device, json.loads(args.options))
