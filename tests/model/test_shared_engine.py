@@ -24,6 +24,7 @@ from model_repository.stages.engines.base import pack_sequences
 from model_repository.stages.engines.shared import SharedEngine
 from serving.launcher.harness import local_server
 from settings import load_settings
+from tests.server.api_front_process import Front, urls
 
 OPTIONS = {"precision": "fp32", "inner_kind": "torch"}
 
@@ -160,7 +161,8 @@ def files_left(stem: Path, within_s: float = 30) -> list[Path]:
 
 
 def test_served_by_tritonserver_through_one_process(exported, sentences, reference_model, tmp_path):
-    """Two instances of the model and the query lane's, all calling the one engine process the first stub started."""
+    """Two instances of the model and the query lane's, all calling the one engine process the first stub started,
+    through gRPC and through the API front's one-text queries."""
     settings = load_settings(None, ['engine.precision="fp32"', 'engine.kind="torch"', "encoder.instances=2",
                                     "engine.options={shared_process=true}"])  # fmt: skip
     repository = generate(settings, exported, tmp_path / "repository")
@@ -168,9 +170,16 @@ def test_served_by_tritonserver_through_one_process(exported, sentences, referen
     try:
         with TextClient(server.grpc_url, "grpc") as client:
             served = client.embed(sentences)
+        front = Front(repository, urls(server))  # one text a request: the query lane's stub (no GPU here)
+        try:
+            queried = [front.post("/v1/embeddings", {"input": text}).json()["data"][0]["embedding"]
+                       for text in sentences[:4]]  # fmt: skip
+        finally:
+            front.stop()
         log = server.log_path.read_text()
     finally:
         server.stop()
+    np.testing.assert_allclose(np.array(queried), served[:4], atol=1e-5)
     expected = reference_model.encode(sentences, convert_to_numpy=True)
     cosine = (served * expected).sum(1) / (np.linalg.norm(served, axis=1) * np.linalg.norm(expected, axis=1))
     assert cosine.min() >= 0.9999, cosine.min()
