@@ -65,14 +65,11 @@ def client(index: int, args: dict, start: mp.Event, stop: mp.Event, out: mp.Queu
     batches = workload(index, 1 if query else args["texts"])
     if args["mode"] in ("own", "mps"):
         engine = load(args["model_dir"], args["device"], args["precision"])
-
-        def call(ids, lengths):
-            return engine.submit(ids, lengths)()
     else:
         engine = shared_engine(args, query)
 
-        def call(ids, lengths):
-            return engine.submit(ids, lengths)()
+    def call(ids, lengths):
+        return engine.submit(ids, lengths)()
 
     first = call(*batches[0])
     for ids, lengths in batches[1:]:  # warm: the graphs of every batch this client sends
