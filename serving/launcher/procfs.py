@@ -9,6 +9,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.process_state import running
+
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
@@ -35,14 +37,6 @@ def child_processes(parent: int, proc: Path = Path("/proc")) -> list[tuple[int, 
         except (OSError, ValueError, IndexError):
             continue  # the process ended meanwhile
     return found
-
-
-def running(pid: int, proc: Path = Path("/proc")) -> bool:
-    """Whether `pid` is a process that has not ended: a zombie, dead but not yet reaped by its parent, has."""
-    try:
-        return (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
 
 
 @dataclass(frozen=True)

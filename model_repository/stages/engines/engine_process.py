@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from common.contract import ENGINE_PROCESS_PREFIX as PREFIX
+from common.process_state import running
 
 CALL = struct.Struct("<IIII")  # sequences, tokens, flags, reserved
 ANSWER = struct.Struct("<IIII")  # status, rows, width, bytes that follow
@@ -218,17 +219,8 @@ def serve(engine, listener: socket.socket, max_tokens: int, parent_pid: int) -> 
         in_flight = launched
         if time.monotonic() - last_check > 1.0:
             last_check = time.monotonic()
-            if parent_pid and not _alive(parent_pid):
+            if parent_pid and not running(parent_pid):
                 return
-
-
-def _alive(pid: int) -> bool:
-    """Whether the process runs: a zombie (ended, not yet waited for by its parent) does not."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     # (priority.ingestion_nice), where the system lets it go back to 0.
     with contextlib.suppress(PermissionError):
         os.setpriority(os.PRIO_PROCESS, 0, 0)
-    # tritonserver's end takes its process group with SIGTERM (the launcher's reap): leave no files then either
+    # A SIGTERM (a container's stop, say) leaves no files either; the launcher's reap SIGKILLs tritonserver's group
+    # and removes the files itself.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     engine = load_engine(args.kind, args.model_dir, args.device, json.loads(args.options))
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -270,7 +263,7 @@ def remove_stale(folder: Path) -> None:
     """The files of engine processes whose tritonserver is gone (a process killed outright leaves them)."""
     for path in folder.glob(f"{PREFIX}*"):
         pid = path.name.removeprefix(PREFIX).split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)) and path.suffix in SUFFIXES:
+        if pid.isdigit() and not running(int(pid)) and path.suffix in SUFFIXES:
             path.unlink(missing_ok=True)
 
 
