@@ -33,8 +33,8 @@ def engine_from_args(args: dict, params: dict, log: Callable[[str], None]) -> En
     if args["model_instance_kind"] == "GPU":
         device = f"cuda:{args['model_instance_device_id']}"
     version_dir = Path(args["model_repository"]) / args["model_version"]
-    task = ServingSpec.load(version_dir).task
-    choice = choose_engine(params["engine_kind"], params.get("precision", "auto"), device != "cpu", task)
+    spec = ServingSpec.load(version_dir)
+    choice = choose_engine(params["engine_kind"], params.get("precision", "auto"), device != "cpu", spec.task)
     log(f"{args['model_instance_name']}: {choice.describe()}")
     options = {"precision": choice.precision}
     if "threads" in params:
@@ -46,7 +46,7 @@ def engine_from_args(args: dict, params: dict, log: Callable[[str], None]) -> En
         from .engines.shared import SharedEngine
 
         shared = {**options, "inner_kind": choice.kind, "query": params.get("gpu_turns") == "lane"}
-        engine = SharedEngine(version_dir, ServingSpec.load(version_dir), device, shared)
+        engine = SharedEngine(version_dir, spec, device, shared)
         log(f"{args['model_instance_name']}: shares the engine process at {engine.socket_path}")
         return engine
     return load_engine(choice.kind, version_dir, device, options)
