@@ -10,6 +10,8 @@ query's. So the stubs agree among themselves:
   ingestion_on_gpu of them;
 - a batch made only of queries (the API front's, sent to the model itself while no ingestion runs: parameter
   lane = "query") is neither marked nor cut.
+A stub whose engine runs the lane's calls first itself (the engine process, engines/shared.py) still cuts and marks
+its chunks but never waits: there a wait only kept other stubs' calls out of the process's batches.
 """
 
 from __future__ import annotations
@@ -80,6 +82,20 @@ class GpuTurns:
             self.board.stamp()
         self.board.mark(0)
         self.ingesting = False
+
+
+def turns_for_stub(args: dict, params: dict, queries_first: bool) -> GpuTurns | None:
+    """A stub's turns on its GPU beside a query lane (configs.py sets gpu_turns = lane | model), where the launcher
+    made the server a board; else None. `queries_first`: its engine orders the lane's calls itself."""
+    role = params.get("gpu_turns")
+    board = GpuBoard.from_environment() if role and args.get("model_instance_kind") == "GPU" else None
+    if board is None:
+        return None
+    on_gpu, yield_ms = int(params["ingestion_on_gpu"]), float(params["query_yield_ms"])
+    if queries_first:  # one engine process: 1.26-1.36x the one-text requests/s (docs/results/h100/2026-12-07-f)
+        on_gpu, yield_ms = 0, 0.0
+    gpu, chunk_texts = int(args["model_instance_device_id"]), int(params["ingestion_chunk_texts"])
+    return GpuTurns(board, gpu, role == "lane", chunk_texts, on_gpu, yield_ms / 1000)
 
 
 class NoTurns:

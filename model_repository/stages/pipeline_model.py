@@ -27,9 +27,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from common.contract import BUDGET_EXPIRED
-from common.gpu_board import GpuBoard
 
-from .gpu_turns import GpuTurns
+from .gpu_turns import GpuTurns, turns_for_stub
 from .model_args import engine_from_args, instance_count, model_config
 from .parent_watch import exit_with_parent
 from .stage_core import Answer, StageCore, held
@@ -63,7 +62,7 @@ class TritonPythonModel:
         self.engine = engine_from_args(args, params, pb_utils.Logger.log_info)
         self._create_metrics(args, int(config["max_batch_size"]))
         self.core = StageCore(text, self.engine, params, version_dir, self._record)
-        self.turns = gpu_turns(args, params)
+        self.turns = turns_for_stub(args, params, self.engine.queries_first)
         gc.freeze()  # what loading made lives on: later collections need not scan it
 
     def _create_metrics(self, args: dict, max_batch_size: int) -> None:
@@ -90,20 +89,3 @@ class TritonPythonModel:
         self._metrics.close()
         if self.turns is not None:
             self.turns.board.close()
-
-
-def gpu_turns(args: dict, params: dict) -> GpuTurns | None:
-    """This stub's turns on its GPU beside a query lane (configs.py sets gpu_turns = lane | model), where the
-    launcher made the server a board; else None."""
-    role = params.get("gpu_turns")
-    board = GpuBoard.from_environment() if role and args.get("model_instance_kind") == "GPU" else None
-    if board is None:
-        return None
-    return GpuTurns(
-        board,
-        int(args["model_instance_device_id"]),
-        role == "lane",
-        int(params["ingestion_chunk_texts"]),
-        int(params["ingestion_on_gpu"]),
-        float(params["query_yield_ms"]) / 1000,
-    )

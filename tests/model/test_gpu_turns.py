@@ -12,8 +12,8 @@ import time
 import numpy as np
 import pytest
 
-from common.gpu_board import INGESTING, ON_GPU, QUERYING, GpuBoard
-from model_repository.stages.gpu_turns import GpuTurns
+from common.gpu_board import BOARD_ENVIRONMENT, INGESTING, ON_GPU, QUERYING, GpuBoard
+from model_repository.stages.gpu_turns import GpuTurns, turns_for_stub
 from tests.model.stage_run import engine_runs, request, stage
 
 QUERY = {"lane": "query"}
@@ -131,3 +131,30 @@ def test_a_request_whose_deadline_passes_before_its_chunk_runs_is_refused_unrun(
     assert all("time budget ran out" in answer for answer in answers[1:3])
     assert answers[0]["embedding"].shape[0] == 2 and answers[3]["embedding"].shape[0] == 1
     assert runs == [2, 1], "the engine ran the texts of the requests still in time only"
+
+
+def test_a_stub_whose_engine_puts_queries_first_cuts_its_chunks_but_never_waits(core, board_path, sentences,
+                                                                                  monkeypatch):  # fmt: skip
+    """The engine process runs the lane's calls first itself: its stubs' chunks run beside a held query at once, the
+    settings' waits are for stubs with an engine of their own, and a CPU instance or a server without a board takes
+    no turns."""
+    monkeypatch.setenv(BOARD_ENVIRONMENT, str(board_path))
+    args = {"model_instance_kind": "GPU", "model_instance_device_id": "0"}
+    params = {"gpu_turns": "model", "ingestion_chunk_texts": "2", "ingestion_on_gpu": "1", "query_yield_ms": "2000"}
+    own, shared = turns_for_stub(args, params, False), turns_for_stub(args, params, True)
+    assert (own.on_gpu, own.yield_s, own.chunk_texts) == (1, 2.0, 2)
+    assert (shared.on_gpu, shared.yield_s, shared.chunk_texts, shared.lane) == (0, 0.0, 2, False)
+    assert turns_for_stub({**args, "model_instance_kind": "CPU"}, params, True) is None
+    monkeypatch.delenv(BOARD_ENVIRONMENT)
+    assert turns_for_stub(args, params, True) is None
+    holder = hold_query(board_path, 30)
+    try:
+        started = time.perf_counter()
+        with engine_runs(core) as runs:
+            core.answer([request(sentences[:2]), request(sentences[2:4])], shared)
+        waited = time.perf_counter() - started
+    finally:
+        holder.kill()
+        holder.wait()
+    assert runs == [2, 2], "the batch still runs in chunks of ingestion_chunk_texts"
+    assert waited < 1.0, f"a chunk waited {waited:.3f} s beside a held query"

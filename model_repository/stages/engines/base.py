@@ -26,6 +26,7 @@ class Engine(ABC):
     """
 
     kind = "?"  # its ENGINES name, for messages
+    queries_first = False  # whether it runs the query lane's calls before the others itself (gpu_turns.py)
 
     def __init__(self, model_dir: Path, spec: ServingSpec, device: str, options: dict) -> None:
         self.model_dir = Path(model_dir)

@@ -55,6 +55,7 @@ class SharedEngine(Engine):
     nothing, so running it twice is safe)."""
 
     kind = "shared"
+    queries_first = True  # the engine process runs the lane's waiting calls as a batch of their own
 
     def __init__(self, model_dir: Path, spec: ServingSpec, device: str, options: dict) -> None:
         super().__init__(model_dir, spec, device, options)
