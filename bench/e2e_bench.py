@@ -186,7 +186,7 @@ def sweep(settings: Settings, args, work: Path, texts: list[str]) -> dict:
             runs.append(row)
             cpu = row["cpu"]["cpu_us_per_request"]
             row["server_cpu_us_per_request"] = round(
-                sum(v for k, v in cpu.items() if k == "tritonserver" or k.endswith(" stubs")), 1
+                sum(v for k, v in cpu.items() if k in ("tritonserver", "engine process") or k.endswith(" stubs")), 1
             )
             util = row["gpu"].get("gpu0", {}).get("utilization_pct_mean", "-")
             print(

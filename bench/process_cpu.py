@@ -1,4 +1,5 @@
-"""CPU seconds per process kind, read from /proc: tritonserver, each model's stubs, and named others.
+"""CPU seconds per process kind, read from /proc: tritonserver, each model's stubs, the engine processes the stubs
+share (engines/engine_process.py), and named others.
 
 A snapshot sums utime + stime of every live process of a kind (stubs grouped by the model they serve, the
 way the launcher's watchdog finds them); the difference of two snapshots over the requests served in
@@ -33,12 +34,31 @@ def find_processes(comm: str, proc: Path = Path("/proc")) -> list[int]:
     return pids
 
 
+def engine_processes(server_pid: int, proc: Path = Path("/proc")) -> list[int]:
+    """Pids of the engine processes serving tritonserver `server_pid`'s stubs (engine.options.shared_process): a
+    stub starts them, with `--parent-pid` naming the server."""
+    pids = []
+    for path in proc.glob("[0-9]*/cmdline"):
+        try:
+            argv = path.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(arg.endswith(b".engine_process") for arg in argv) and b"--parent-pid" in argv:
+            at = argv.index(b"--parent-pid")
+            if at + 1 < len(argv) and argv[at + 1] == str(server_pid).encode():
+                pids.append(int(path.parent.name))
+    return pids
+
+
 def snapshot(server_pid: int, others: dict[str, list[int]] | None = None) -> dict[str, float]:
-    """CPU seconds so far per kind: "tritonserver", "<model> stubs", each of `others`, and "host" (all cores),
-    with the wall time under "wall"."""
+    """CPU seconds so far per kind: "tritonserver", "<model> stubs", "engine process" (where the stubs share one),
+    each of `others`, and "host" (all cores), with the wall time under "wall"."""
     cpu = {"tritonserver": process_cpu_s(server_pid)}
     for model, pids in sorted(stub_processes(server_pid).items()):
         cpu[f"{model} stubs"] = sum(map(process_cpu_s, pids))
+    engines = engine_processes(server_pid)
+    if engines:
+        cpu["engine process"] = sum(map(process_cpu_s, engines))
     for kind, pids in (others or {}).items():
         cpu[kind] = sum(map(process_cpu_s, pids))
     cpu["host"] = host_busy_s()
