@@ -25,7 +25,7 @@ Requests with room to spare (a 30 s budget) are served.
 `tenants` (not run unless named): a keys file of two tenants, `calm` unlimited and `noisy` limited to
 --noisy-limit requests/s. The calm tenant's one-text queries at --query-rate alone, then beside the noisy tenant
 sending one-text requests at --noisy-rate in an open loop: issue 45's bar, the calm p99 beside <= 2x alone + 5 ms.
-Writes DIR/priority_bench.json.
+Writes DIR/priority_bench.json, and each mode's launcher log as DIR/priority_launcher_<mode>.log.
 """
 
 from __future__ import annotations
@@ -381,7 +381,11 @@ def main(argv: list[str] | None = None) -> int:
         repository = generate(settings, settings.export_dir, work / "repository")
         ports = Ports.free()
         launcher = Launcher(
-            args.settings or settings.path, repository, ports, work / "launcher.log", [*args.set, *overrides, *QUIET]
+            args.settings or settings.path,
+            repository,
+            ports,
+            args.out / f"priority_launcher_{mode}.log",  # beside the figures: a run cut short still says why
+            [*args.set, *overrides, *QUIET],
         )
         try:
             launcher.start()
