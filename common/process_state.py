@@ -1,5 +1,6 @@
-"""Whether a process still runs, from /proc: for the launcher (serving/launcher/procfs.py) and for the stages' engine
-process (stages/engines/engine_process.py), which ends with its tritonserver."""
+"""Whether a process still runs, from /proc: for the launcher (serving/launcher/procfs.py), the API workers' counters
+(serving/api/call_stats.py) and the stages' engine process (stages/engines/engine_process.py), which ends with its
+tritonserver."""
 
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common.process_state import running
 from settings.schema import PRIORITY_CLASSES
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)  # then +Inf
@@ -40,16 +41,6 @@ def _bucket(value: int) -> int:
     return next((index for index, bound in enumerate(BUCKETS) if value <= bound), len(BUCKETS))
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class CallStats:
     """This worker's counters for `models` (Triton names, in order) and the priority classes, beside its
     siblings' under `port`."""
@@ -58,7 +49,7 @@ class CallStats:
         root = Path(root or tempfile.gettempdir())
         for folder in root.glob(f"bert-triton-api-{port}-*"):
             supervisor = folder.name.rsplit("-", 1)[1]
-            if supervisor.isdigit() and int(supervisor) != os.getppid() and not _alive(int(supervisor)):
+            if supervisor.isdigit() and int(supervisor) != os.getppid() and not running(int(supervisor)):
                 shutil.rmtree(folder, ignore_errors=True)
         self.folder = root / f"bert-triton-api-{port}-{os.getppid()}"
         self.folder.mkdir(exist_ok=True)
@@ -81,7 +72,7 @@ class CallStats:
         self._map.close()
         (self.folder / f"{os.getpid()}.u64").unlink(missing_ok=True)
         others = list(self.folder.glob("*.u64"))
-        if any(path.stem.isdigit() and _alive(int(path.stem)) for path in others):
+        if any(path.stem.isdigit() and running(int(path.stem)) for path in others):
             return
         for path in others:
             path.unlink(missing_ok=True)
