@@ -9,9 +9,13 @@ compare snapshots of one steady run.
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
 import time
 from pathlib import Path
 
+from common.contract import ENGINE_PROCESS_PREFIX
+from model_repository.stages.engines.shared import process_stats
 from serving.launcher.procfs import TICKS_PER_S, process_cpu_s, stub_processes
 
 
@@ -50,15 +54,41 @@ def engine_processes(server_pid: int, proc: Path = Path("/proc")) -> list[int]:
     return pids
 
 
-def snapshot(server_pid: int, others: dict[str, list[int]] | None = None) -> dict[str, float]:
-    """CPU seconds so far per kind: "tritonserver", "<model> stubs", "engine process" (where the stubs share one),
-    each of `others`, and "host" (all cores), with the wall time under "wall"."""
-    cpu = {"tritonserver": process_cpu_s(server_pid)}
+def engine_process_stats(server_pid: int) -> dict[str, dict]:
+    """Each engine process of tritonserver `server_pid` (by its socket): its counters so far (engine_process.Stats)."""
+    found = {}
+    for path in Path(tempfile.gettempdir()).glob(f"{ENGINE_PROCESS_PREFIX}{server_pid}-*.sock"):
+        with contextlib.suppress(OSError):  # ended meanwhile
+            found[path.stem] = process_stats(path)
+    return found
+
+
+def engine_batching(before: dict[str, dict], after: dict[str, dict], wall_s: float) -> dict:
+    """How the stubs' calls batched in the engine processes between two engine_process_stats snapshots taken
+    wall_s apart: batches/s, calls and sequences a batch, the share of batches that were queries', and the share of
+    the time the process waited for the device's results."""
+    spent = {name: sum(stats[name] - before.get(key, {}).get(name, 0) for key, stats in after.items())
+             for name in ("batches", "query_batches", "calls", "sequences", "waited_s")}  # fmt: skip
+    batches = max(spent["batches"], 1)
+    return {
+        "batches_per_s": round(spent["batches"] / wall_s, 1),
+        "calls_per_batch": round(spent["calls"] / batches, 2),
+        "sequences_per_batch": round(spent["sequences"] / batches, 1),
+        "query_batch_share": round(spent["query_batches"] / batches, 3),
+        "waited_share": round(spent["waited_s"] / wall_s, 3),
+    }
+
+
+def snapshot(server_pid: int, others: dict[str, list[int]] | None = None) -> dict:
+    """CPU seconds so far per kind: "tritonserver", "<model> stubs", "engine process" (where the stubs share one;
+    its counters under "engine stats"), each of `others`, and "host" (all cores), with the wall time under "wall"."""
+    cpu: dict = {"tritonserver": process_cpu_s(server_pid)}
     for model, pids in sorted(stub_processes(server_pid).items()):
         cpu[f"{model} stubs"] = sum(map(process_cpu_s, pids))
     engines = engine_processes(server_pid)
     if engines:
         cpu["engine process"] = sum(map(process_cpu_s, engines))
+        cpu["engine stats"] = engine_process_stats(server_pid)
     for kind, pids in (others or {}).items():
         cpu[kind] = sum(map(process_cpu_s, pids))
     cpu["host"] = host_busy_s()
@@ -88,15 +118,19 @@ def busiest_threads(before: dict, after: dict, wall_s: float, top: int = 5) -> l
     return sorted(busy, key=lambda thread: -thread["cores_busy"])[:top]
 
 
-def per_request(before: dict[str, float], after: dict[str, float], requests: int) -> dict:
-    """Cores busy and CPU microseconds per request of each kind between two snapshots."""
+def per_request(before: dict, after: dict, requests: int) -> dict:
+    """Cores busy and CPU microseconds per request of each kind between two snapshots (and, where the stubs share
+    an engine process, how their calls batched there: "engine_batching")."""
     wall = after["wall"] - before["wall"]
-    kinds = [kind for kind in after if kind not in ("wall",)]
+    kinds = [kind for kind in after if kind not in ("wall", "engine stats")]
     spent = {kind: after[kind] - before.get(kind, 0.0) for kind in kinds}
-    return {
+    figures = {
         "window_s": round(wall, 2),
         "cores_busy": {kind: round(seconds / wall, 2) for kind, seconds in spent.items()} if wall > 0 else {},
         "cpu_us_per_request": {kind: round(seconds / requests * 1e6, 1) for kind, seconds in spent.items()}
         if requests > 0
         else {},
     }
+    if after.get("engine stats") and wall > 0:
+        figures["engine_batching"] = engine_batching(before.get("engine stats", {}), after["engine stats"], wall)
+    return figures

@@ -16,12 +16,13 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
+from bench.process_cpu import engine_batching
 from client import TextClient
 from common.contract import ServingSpec
 from model_repository.generate import generate
 from model_repository.stages.engines import load_engine
 from model_repository.stages.engines.base import pack_sequences
-from model_repository.stages.engines.shared import SharedEngine
+from model_repository.stages.engines.shared import SharedEngine, process_stats
 from serving.launcher.harness import local_server
 from settings import load_settings
 from tests.server.api_front_process import Front, urls
@@ -65,10 +66,12 @@ def test_rows_are_the_engine_s_own_and_stubs_share_one_process(exported, direct,
 
 def test_calls_in_flight_come_back_in_order_to_each_caller(exported, direct, token_batches, parent):
     """Each of 4 callers pipelines its 4 batches (all submitted, then collected) while the others do: the process
-    batches their calls together, and every row goes back to its own caller."""
+    batches their calls together, every row goes back to its own caller, and its counters (asked over a connection
+    of their own, as the benchmarks ask) count each call and sequence once."""
     expected = [direct.forward_packed(ids, lengths) for ids, lengths in token_batches]
     engines = [shared(exported, parent.pid, query=index == 0) for index in range(4)]
     failures: list[str] = []
+    before = process_stats(engines[0].socket_path)
 
     def caller(engine: SharedEngine, shift: int) -> None:
         order = token_batches[shift:] + token_batches[:shift]
@@ -85,6 +88,14 @@ def test_calls_in_flight_come_back_in_order_to_each_caller(exported, direct, tok
     for thread in threads:
         thread.join(120)
     assert not failures
+    after = process_stats(engines[0].socket_path)
+    calls = after["calls"] - before["calls"]
+    assert calls == 4 * 5 * len(token_batches)
+    assert after["sequences"] - before["sequences"] == 4 * 5 * sum(len(lengths) for _, lengths in token_batches)
+    batches = after["batches"] - before["batches"]
+    assert 1 <= batches <= calls and after["query_batches"] - before["query_batches"] <= batches
+    batching = engine_batching({"e": before}, {"e": after}, 1.0)
+    assert batching["calls_per_batch"] == round(calls / batches, 2) and batching["batches_per_s"] == batches
 
 
 def test_a_stub_that_has_not_read_its_rows_yet_holds_up_no_other(exported, token_batches, parent):

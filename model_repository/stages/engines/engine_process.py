@@ -9,6 +9,9 @@ CALL (sequences, tokens, flags), then lengths (int64), ids (int32) and, with FLA
 answered in order: ANSWER (status, rows, width, bytes that follow); status 0: float32 rows [rows, width]; 1: a UTF-8
 message (the call failed; the next ones go on).
 
+A CALL flagged FLAG_STATS (no arrays follow) is answered at once with status 2 and the process's counters so far as
+JSON (Stats): for a connection of its own, with no call in flight (bench/process_cpu.py asks so).
+
 Scheduling: the waiting calls flagged FLAG_QUERY (the query lane's stubs) run first, as a batch of their own; else
 the waiting calls in arrival order, up to `max_tokens` tokens (at least one call), so that a query waits at most for
 one bounded batch in flight and one launched. The next batch is launched before the last one's rows are sent, so
@@ -39,6 +42,8 @@ CALL = struct.Struct("<IIII")  # sequences, tokens, flags, reserved
 ANSWER = struct.Struct("<IIII")  # status, rows, width, bytes that follow
 FLAG_QUERY = 1
 FLAG_TYPES = 2
+FLAG_STATS = 4
+STATUS_STATS = 2
 SUFFIXES = (".sock", ".ready", ".lock", ".log")
 READY = b"ready\n"  # written to STEM.ready once loaded and listening
 
@@ -63,8 +68,33 @@ class Call:
         self.conn, self.lengths, self.ids, self.types, self.query = conn, lengths, ids, types, query
 
 
-def read_call(conn: socket.socket) -> Call:
+class Stats:
+    """What the process has run: how the stubs' calls batched, and how long it waited for the device's results."""
+
+    def __init__(self) -> None:
+        self.batches = self.query_batches = self.calls = self.sequences = self.tokens = 0
+        self.waited_s = 0.0  # in a launched batch's reader: the device's time the host did not overlap
+        self.started = time.monotonic()
+
+    def count(self, batch: list[Call]) -> None:
+        self.batches += 1
+        self.query_batches += batch[0].query
+        self.calls += len(batch)
+        self.sequences += sum(len(call.lengths) for call in batch)
+        self.tokens += sum(len(call.ids) for call in batch)
+
+    def answer(self) -> bytes:
+        figures = {name: value for name, value in vars(self).items() if name != "started"}
+        body = json.dumps({**figures, "up_s": time.monotonic() - self.started}).encode()
+        return ANSWER.pack(STATUS_STATS, 0, 0, len(body)) + body
+
+
+def read_call(conn: socket.socket, stats: Stats) -> Call | None:
+    """The connection's next call; None for a stats request, answered here."""
     sequences, tokens, flags, _ = CALL.unpack(recv_exact(conn, CALL.size))
+    if flags & FLAG_STATS:
+        conn.sendall(stats.answer())
+        return None
     lengths = np.frombuffer(recv_exact(conn, 8 * sequences), np.int64)
     ids = np.frombuffer(recv_exact(conn, 4 * tokens), np.int32)
     types = np.frombuffer(recv_exact(conn, 4 * tokens), np.int32) if flags & FLAG_TYPES else None
@@ -102,8 +132,8 @@ class Connections:
             try:
                 if events & selectors.EVENT_WRITE:
                     self._flush(conn)
-                if events & selectors.EVENT_READ:
-                    scheduler.add(read_call(conn))
+                if events & selectors.EVENT_READ and (call := read_call(conn, scheduler.stats)) is not None:
+                    scheduler.add(call)
             except OSError:  # ConnectionError too: the stub is gone
                 self.close(conn, scheduler)
 
@@ -144,6 +174,7 @@ class Scheduler:
 
     def __init__(self, max_tokens: int) -> None:
         self.max_tokens = max_tokens
+        self.stats = Stats()
         self.queries: deque[Call] = deque()
         self.others: deque[Call] = deque()
 
@@ -167,6 +198,7 @@ class Scheduler:
         while waiting and tokens + len(waiting[0].ids) <= self.max_tokens:
             tokens += len(waiting[0].ids)
             batch.append(waiting.popleft())
+        self.stats.count(batch)
         return batch
 
 
@@ -183,12 +215,14 @@ def launch(engine, batch: list[Call]):
         return error
 
 
-def answer(batch: list[Call], begun, connections: Connections) -> None:
+def answer(batch: list[Call], begun, connections: Connections, stats: Stats) -> None:
     """Each call of a finished batch its own rows (or the error), in the batch's order."""
     try:
         if isinstance(begun, Exception):
             raise begun
+        started = time.perf_counter()
         outputs = begun()
+        stats.waited_s += time.perf_counter() - started
         if not isinstance(outputs, np.ndarray) or outputs.ndim != 2:
             raise TypeError(f"the engine process serves one row per sequence; this engine gave {type(outputs)}")
         rows = np.ascontiguousarray(outputs, dtype=np.float32)
@@ -215,7 +249,7 @@ def serve(engine, listener: socket.socket, max_tokens: int, parent_pid: int) -> 
             batch = scheduler.next_batch()
             launched = (batch, launch(engine, batch))
         if in_flight is not None:
-            answer(*in_flight, connections)
+            answer(*in_flight, connections, scheduler.stats)
         in_flight = launched
         if time.monotonic() - last_check > 1.0:
             last_check = time.monotonic()

@@ -31,7 +31,7 @@ import numpy as np
 from common.contract import ENGINE_PROCESS_PREFIX, ServingSpec
 
 from .base import Engine
-from .engine_process import ANSWER, CALL, FLAG_QUERY, FLAG_TYPES, recv_exact
+from .engine_process import ANSWER, CALL, FLAG_QUERY, FLAG_STATS, FLAG_TYPES, STATUS_STATS, recv_exact
 
 ROW_TASKS = ("embedding", "classification", "rerank")
 
@@ -47,6 +47,20 @@ def process_name(parent_pid: int, model_dir: Path, device: str, kind: str, optio
             files.append((path.name, stat.st_dev, stat.st_ino, stat.st_size))
     key = json.dumps([files, device, kind, options], sort_keys=True)
     return f"{ENGINE_PROCESS_PREFIX}{parent_pid}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def process_stats(socket_path: Path) -> dict:
+    """The counters of the engine process listening at socket_path (engine_process.Stats), over a connection of
+    their own."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(str(socket_path))
+        sock.sendall(CALL.pack(0, 0, FLAG_STATS, 0))
+        status, _, _, size = ANSWER.unpack(recv_exact(sock, ANSWER.size))
+        body = recv_exact(sock, size)
+    if status != STATUS_STATS:
+        raise RuntimeError(f"the engine process at {socket_path} answered status {status} to a stats request")
+    return json.loads(body)
 
 
 class SharedEngine(Engine):
