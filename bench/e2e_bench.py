@@ -189,11 +189,13 @@ def sweep(settings: Settings, args, work: Path, texts: list[str]) -> dict:
                 sum(v for k, v in cpu.items() if k in ("tritonserver", "engine process") or k.endswith(" stubs")), 1
             )
             util = row["gpu"].get("gpu0", {}).get("utilization_pct_mean", "-")
+            batching = row["cpu"].get("engine_batching")
+            shared = f"  engine process {batching['sequences_per_batch']} seq/batch" if batching else ""
             print(
                 f"{settings.path.name:28s} {model:12s} {texts}x{concurrency:<4d} "
                 f"{row['inferences_per_s']:9.1f} texts/s  p50 {row['p50_ms']:6.2f} p99 {row['p99_ms']:6.2f} ms  "
                 f"server CPU {row['server_cpu_us_per_request']:6.1f} us/req  GPU {util}%  "
-                f"busiest tritonserver thread {row['tritonserver_threads'][0]['cores_busy']} cores",
+                f"busiest tritonserver thread {row['tritonserver_threads'][0]['cores_busy']} cores{shared}",
                 flush=True,
             )
     return {
