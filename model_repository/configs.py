@@ -246,10 +246,13 @@ def one_stage_config(settings: Settings, spec: ServingSpec, names: ServedNames) 
 
 def _gpu_turns(settings: Settings, names: ServedNames) -> dict:
     """Beside a query lane on GPUs, the stubs take turns on each GPU (stages/gpu_turns.py), as the model's side
-    (query_lane_config makes its copy the lane's)."""
-    if not (names.query_lane and settings.encoder.gpus):
+    (query_lane_config makes its copy the lane's). The chunk bound goes with any lane: an engine process shared by
+    the stubs (engines/engine_process.py) bounds its ingestion batches by it while queries come, on any device."""
+    if not names.query_lane:
         return {}
     priority = settings.priority
+    if not settings.encoder.gpus:
+        return {"ingestion_chunk_texts": priority.ingestion_chunk_texts}
     return {
         "gpu_turns": "model",
         "ingestion_chunk_texts": priority.ingestion_chunk_texts,
@@ -266,6 +269,7 @@ def query_lane_config(settings: Settings, spec: ServingSpec, names: ServedNames)
     config = one_stage_config(settings, spec, names)
     config.name = names.query_lane
     config.parameters.pop("nice", None)
+    config.parameters["query_lane"].string_value = "true"  # its stubs' calls are queries (engines/shared.py)
     if "gpu_turns" in config.parameters:  # the same turns, as the lane's side (stages/gpu_turns.py)
         config.parameters["gpu_turns"].string_value = "lane"
     gpus = list(settings.encoder.gpus)

@@ -45,7 +45,8 @@ def engine_from_args(args: dict, params: dict, log: Callable[[str], None]) -> En
     if str(options.pop("shared_process", "false")).lower() in ("true", "1"):  # one engine process a device
         from .engines.shared import SharedEngine
 
-        shared = {**options, "inner_kind": choice.kind, "query": params.get("gpu_turns") == "lane"}
+        lane = {"query": params.get("query_lane") == "true", "chunk_texts": params.get("ingestion_chunk_texts", 0)}
+        shared = {**options, "inner_kind": choice.kind, **lane}
         engine = SharedEngine(version_dir, spec, device, shared)
         log(f"{args['model_instance_name']}: shares the engine process at {engine.socket_path}")
         return engine

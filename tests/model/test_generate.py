@@ -122,7 +122,9 @@ def check_query_lane(root: Path, settings, model: mc.ModelConfig) -> None:
     nice = settings.priority.ingestion_nice
     assert int(model.parameters["nice"].string_value) == nice if nice else "nice" not in model.parameters
     assert "nice" not in lane.parameters, "the lane's stubs keep their priority"
-    own = {"nice", "gpu_turns"}
+    assert lane.parameters["query_lane"].string_value == "true" and "query_lane" not in model.parameters
+    assert int(model.parameters["ingestion_chunk_texts"].string_value) == settings.priority.ingestion_chunk_texts
+    own = {"nice", "gpu_turns", "query_lane"}
     assert {k: v for k, v in lane.parameters.items() if k not in own} == {
         k: v for k, v in model.parameters.items() if k not in own
     }
@@ -131,7 +133,6 @@ def check_query_lane(root: Path, settings, model: mc.ModelConfig) -> None:
             "model",
             "lane",
         )
-        assert int(model.parameters["ingestion_chunk_texts"].string_value) == settings.priority.ingestion_chunk_texts
     else:
         assert "gpu_turns" not in model.parameters and "gpu_turns" not in lane.parameters
     assert (lane.input, lane.output) == (model.input, model.output)

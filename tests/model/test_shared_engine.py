@@ -20,8 +20,9 @@ from bench.process_cpu import engine_batching
 from client import TextClient
 from common.contract import ServingSpec
 from model_repository.generate import generate
-from model_repository.stages.engines import load_engine
+from model_repository.stages.engines import engine_process, load_engine
 from model_repository.stages.engines.base import pack_sequences
+from model_repository.stages.engines.engine_process import Call, Scheduler
 from model_repository.stages.engines.shared import SharedEngine, process_stats
 from serving.launcher.harness import local_server
 from settings import load_settings
@@ -173,7 +174,7 @@ def files_left(stem: Path, within_s: float = 30) -> list[Path]:
 
 def test_served_by_tritonserver_through_one_process(exported, sentences, reference_model, tmp_path):
     """Two instances of the model and the query lane's, all calling the one engine process the first stub started,
-    through gRPC and through the API front's one-text queries."""
+    through gRPC and through the API front's one-text queries, which the process counts as queries'."""
     settings = load_settings(None, ['engine.precision="fp32"', 'engine.kind="torch"', "encoder.instances=2",
                                     "engine.options={shared_process=true}"])  # fmt: skip
     repository = generate(settings, exported, tmp_path / "repository")
@@ -188,13 +189,42 @@ def test_served_by_tritonserver_through_one_process(exported, sentences, referen
         finally:
             front.stop()
         log = server.log_path.read_text()
+        sockets = {line.rsplit(" ", 1)[1] for line in log.splitlines() if "shares the engine process at" in line}
+        stats = process_stats(Path(next(iter(sockets)).strip('"')))
     finally:
         server.stop()
     np.testing.assert_allclose(np.array(queried), served[:4], atol=1e-5)
     expected = reference_model.encode(sentences, convert_to_numpy=True)
     cosine = (served * expected).sum(1) / (np.linalg.norm(served, axis=1) * np.linalg.norm(expected, axis=1))
     assert cosine.min() >= 0.9999, cosine.min()
-    sockets = {line.rsplit(" ", 1)[1] for line in log.splitlines() if "shares the engine process at" in line}
+    assert stats["query_batches"] >= 4, "the lane's calls (its config's query_lane) run as queries"
     # the model's two instances and the query lane's one: all on the one process, which ended with tritonserver
     assert log.count("shares the engine process at") == 3 and len(sockets) == 1, log[-3000:]
     assert not files_left(Path(sockets.pop().strip('"')).with_suffix(""))
+
+
+def test_ingestion_batches_stay_within_a_chunk_while_queries_come(monkeypatch):
+    """Queries run first as a batch of their own; while they come, an ingestion batch takes at most the stubs' chunk
+    of sequences (whole calls, at least one), and once none came for QUERIES_COME_S, as many calls as fit the tokens."""
+
+    def call(sequences: int, query: bool = False) -> Call:
+        lengths = np.full(sequences, 3, np.int64)
+        return Call(None, lengths, np.zeros(3 * sequences, np.int32), None, query)
+
+    scheduler = Scheduler(max_tokens=60, texts_beside_queries=4)
+    for sequences in (2, 2, 3):
+        scheduler.add(call(sequences))
+    assert [len(c.lengths) for c in scheduler.next_batch()] == [2, 2, 3], "alone: one batch up to the tokens"
+    for sequences in (2, 1, 2, 5, 1):
+        scheduler.add(call(sequences))
+    scheduler.add(call(1, query=True))
+    scheduler.add(call(2, query=True))
+    batches = []
+    while scheduler:
+        batches.append([(len(c.lengths), c.query) for c in scheduler.next_batch()])
+    assert batches == [[(1, True), (2, True)], [(2, False), (1, False)], [(2, False)], [(5, False)], [(1, False)]]
+    monkeypatch.setattr(engine_process, "QUERIES_COME_S", 0.0)
+    for sequences in (2, 1, 2, 5):
+        scheduler.add(call(sequences))
+    assert [len(c.lengths) for c in scheduler.next_batch()] == [2, 1, 2, 5]
+    assert scheduler.stats.calls == 14 and scheduler.stats.query_batches == 1

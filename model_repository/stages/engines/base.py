@@ -40,11 +40,16 @@ class Engine(ABC):
     def forward_packed(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None,
                        wanted: frozenset[str] | None = None, kept: np.ndarray | None = None): ...  # fmt: skip
 
+    @property
+    def launches_ahead(self) -> bool:
+        """Whether submit() returns before the batch is done (torch on a GPU), so that the caller can prepare or
+        launch the next one meanwhile; this one computes it at once."""
+        return False
+
     def submit(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None,
                wanted: frozenset[str] | None = None,
                kept: np.ndarray | None = None) -> Callable[[], object]:  # fmt: skip
-        """forward_packed begun: a callable that returns its outputs. An engine that can run a batch while its caller
-        prepares the next one (torch on a GPU) returns before the batch is done; this one computes it at once."""
+        """forward_packed begun: a callable that returns its outputs (see launches_ahead)."""
         outputs = self.forward_packed(ids, lengths, types, wanted, kept)
         return lambda: outputs
 

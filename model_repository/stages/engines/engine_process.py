@@ -13,9 +13,13 @@ A CALL flagged FLAG_STATS (no arrays follow) is answered at once with status 2 a
 JSON (Stats): for a connection of its own, with no call in flight (bench/process_cpu.py asks so).
 
 Scheduling: the waiting calls flagged FLAG_QUERY (the query lane's stubs) run first, as a batch of their own; else
-the waiting calls in arrival order, up to `max_tokens` tokens (at least one call), so that a query waits at most for
-one bounded batch in flight and one launched. The next batch is launched before the last one's rows are sent, so
-the device is not idle while they are. The process ends when the process named by --parent-pid (tritonserver) has.
+the waiting calls in arrival order, up to `max_tokens` tokens (at least one call). While queries come (one arrived
+within QUERIES_COME_S), an ingestion batch also takes at most `texts_beside_queries` sequences (the stubs' chunk,
+priority.ingestion_chunk_texts), so that a query waits at most for one such batch in flight and one launched, as
+beside stubs with engines of their own (gpu_turns.py); alone, ingestion batches as large as it can. The next batch
+is launched before the last one's rows are sent, so the device is not idle while they are (where the engine launches
+ahead: a CPU engine computes in submit(), and its rows are sent at once). The process ends when
+the process named by --parent-pid (tritonserver) has.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ FLAG_TYPES = 2
 FLAG_STATS = 4
 STATUS_STATS = 2
 SUFFIXES = (".sock", ".ready", ".lock", ".log")
+QUERIES_COME_S = 1.0  # since the last query: ingestion batches stay small (queries at 50/s come every 20 ms)
 READY = b"ready\n"  # written to STEM.ready once loaded and listening
 
 
@@ -172,13 +177,16 @@ class Connections:
 class Scheduler:
     """The waiting calls, and which of them run as the next batch."""
 
-    def __init__(self, max_tokens: int) -> None:
-        self.max_tokens = max_tokens
+    def __init__(self, max_tokens: int, texts_beside_queries: int = 0) -> None:
+        self.max_tokens, self.texts_beside_queries = max_tokens, texts_beside_queries
         self.stats = Stats()
         self.queries: deque[Call] = deque()
         self.others: deque[Call] = deque()
+        self.last_query = -QUERIES_COME_S
 
     def add(self, call: Call) -> None:
+        if call.query:
+            self.last_query = time.monotonic()
         (self.queries if call.query else self.others).append(call)
 
     def __bool__(self) -> bool:
@@ -193,10 +201,15 @@ class Scheduler:
 
     def next_batch(self) -> list[Call]:
         waiting = self.queries or self.others
+        texts = None  # the most sequences, beside queries
+        if waiting is self.others and time.monotonic() - self.last_query < QUERIES_COME_S:
+            texts = self.texts_beside_queries or None
         batch = [waiting.popleft()]
-        tokens = len(batch[0].ids)
+        tokens, sequences = len(batch[0].ids), len(batch[0].lengths)
         while waiting and tokens + len(waiting[0].ids) <= self.max_tokens:
-            tokens += len(waiting[0].ids)
+            if texts is not None and sequences + len(waiting[0].lengths) > texts:
+                break
+            tokens, sequences = tokens + len(waiting[0].ids), sequences + len(waiting[0].lengths)
             batch.append(waiting.popleft())
         self.stats.count(batch)
         return batch
@@ -237,9 +250,8 @@ def answer(batch: list[Call], begun, connections: Connections, stats: Stats) -> 
         start = end
 
 
-def serve(engine, listener: socket.socket, max_tokens: int, parent_pid: int) -> None:
+def serve(engine, listener: socket.socket, scheduler: Scheduler, parent_pid: int) -> None:
     connections = Connections(listener)
-    scheduler = Scheduler(max_tokens)
     in_flight = None  # (batch, its rows' reader)
     last_check = time.monotonic()
     while True:
@@ -251,6 +263,9 @@ def serve(engine, listener: socket.socket, max_tokens: int, parent_pid: int) -> 
         if in_flight is not None:
             answer(*in_flight, connections, scheduler.stats)
         in_flight = launched
+        if in_flight is not None and not engine.launches_ahead:  # computed in launch(): its rows go now, not after
+            answer(*in_flight, connections, scheduler.stats)  # the next batch's
+            in_flight = None
         if time.monotonic() - last_check > 1.0:
             last_check = time.monotonic()
             if parent_pid and not running(parent_pid):
@@ -266,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stem", type=Path, required=True, help="its files: STEM.sock, .ready, .lock, .log")
     parser.add_argument("--max-tokens", type=int, default=16384, help="most tokens a batch of calls takes")
     parser.add_argument("--parent-pid", type=int, default=0, help="end when this process has (0: never)")
+    parser.add_argument("--texts-beside-queries", type=int, default=0, help="most sequences of an ingestion batch "
+                        "while queries come (0: no bound but --max-tokens)")  # fmt: skip
     args = parser.parse_args(argv)
     from . import load_engine
 
@@ -286,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     args.stem.with_suffix(".ready").write_bytes(READY)
     print(f"engine process {os.getpid()}: {args.kind} on {args.device}, {path}", file=sys.stderr, flush=True)
     try:
-        serve(engine, listener, args.max_tokens, args.parent_pid)
+        serve(engine, listener, Scheduler(args.max_tokens, args.texts_beside_queries), args.parent_pid)
     finally:  # its tritonserver has ended: nothing of it is wanted
         for suffix in SUFFIXES:
             args.stem.with_suffix(suffix).unlink(missing_ok=True)

@@ -78,7 +78,9 @@ class SharedEngine(Engine):
                              f"task is {spec.task}: remove shared_process from engine.options")  # fmt: skip
         self.inner_kind = options["inner_kind"]
         self.query = bool(options.get("query"))
-        self.engine_options = {k: v for k, v in options.items() if k not in ("inner_kind", "query", "parent_pid")}
+        self.chunk_texts = int(options.get("chunk_texts") or 0)
+        own = ("inner_kind", "query", "chunk_texts", "parent_pid")
+        self.engine_options = {k: v for k, v in options.items() if k not in own}
         self.parent_pid = int(options.get("parent_pid") or os.getppid())  # a stub's: its tritonserver
         name = process_name(self.parent_pid, model_dir, device, self.inner_kind, self.engine_options)
         self.stem = Path(tempfile.gettempdir()) / name
@@ -129,7 +131,7 @@ class SharedEngine(Engine):
         command = [
             python, "-m", f"{package}.engine_process", "--kind", self.inner_kind, "--model-dir", str(self.model_dir),
             "--device", self.device, "--options", json.dumps(self.engine_options), "--stem", str(self.stem),
-            "--parent-pid", str(self.parent_pid),
+            "--parent-pid", str(self.parent_pid), "--texts-beside-queries", str(self.chunk_texts),
         ]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
         with open(log_file, "wb") as log:

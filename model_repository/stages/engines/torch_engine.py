@@ -343,11 +343,16 @@ class TorchEngine(KernelCheck, Engine):
     def _keys(self, dev: torch.Tensor, tokens: int, seqs: int) -> torch.Tensor | None:
         return key_view(dev, tokens, seqs, self.tile_block) if self.multi_vector else None
 
+    @property
+    def launches_ahead(self) -> bool:
+        """On a GPU, an embedder's, classifier's, reranker's or multi-vector model's batch is launched and its rows
+        are copied out asynchronously; the rest computes at once."""
+        return self.is_cuda and not (self.sparse or self.hybrid)
+
     def submit(self, ids: np.ndarray, lengths: np.ndarray, types: np.ndarray | None = None,
                wanted: frozenset[str] | None = None, kept: np.ndarray | None = None):  # fmt: skip
-        """Engine.submit: on a GPU, an embedder's, classifier's, reranker's or multi-vector model's batch is launched
-        and its rows are copied out asynchronously; the callable waits for them. The rest computes at once."""
-        if not self.is_cuda or self.sparse or self.hybrid:
+        """Engine.submit: launched where launches_ahead says; the callable waits for the rows."""
+        if not self.launches_ahead:
             return super().submit(ids, lengths, types, wanted, kept)
         self._launch_only = True
         try:
