@@ -38,24 +38,9 @@ def find_processes(comm: str, proc: Path = Path("/proc")) -> list[int]:
     return pids
 
 
-def engine_processes(server_pid: int, proc: Path = Path("/proc")) -> list[int]:
-    """Pids of the engine processes serving tritonserver `server_pid`'s stubs (engine.options.shared_process): a
-    stub starts them, with `--parent-pid` naming the server."""
-    pids = []
-    for path in proc.glob("[0-9]*/cmdline"):
-        try:
-            argv = path.read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(arg.endswith(b".engine_process") for arg in argv) and b"--parent-pid" in argv:
-            at = argv.index(b"--parent-pid")
-            if at + 1 < len(argv) and argv[at + 1] == str(server_pid).encode():
-                pids.append(int(path.parent.name))
-    return pids
-
-
 def engine_process_stats(server_pid: int) -> dict[str, dict]:
-    """Each engine process of tritonserver `server_pid` (by its socket): its counters so far (engine_process.Stats)."""
+    """Each engine process of tritonserver `server_pid` (by its socket, named after the server as the launcher's
+    clean-up finds its files): its counters so far and its pid (engine_process.Stats)."""
     found = {}
     for path in Path(tempfile.gettempdir()).glob(f"{ENGINE_PROCESS_PREFIX}{server_pid}-*.sock"):
         with contextlib.suppress(OSError):  # ended meanwhile
@@ -85,10 +70,10 @@ def snapshot(server_pid: int, others: dict[str, list[int]] | None = None) -> dic
     cpu: dict = {"tritonserver": process_cpu_s(server_pid)}
     for model, pids in sorted(stub_processes(server_pid).items()):
         cpu[f"{model} stubs"] = sum(map(process_cpu_s, pids))
-    engines = engine_processes(server_pid)
+    engines = engine_process_stats(server_pid)
     if engines:
-        cpu["engine process"] = sum(map(process_cpu_s, engines))
-        cpu["engine stats"] = engine_process_stats(server_pid)
+        cpu["engine process"] = sum(process_cpu_s(stats["pid"]) for stats in engines.values())
+        cpu["engine stats"] = engines
     for kind, pids in (others or {}).items():
         cpu[kind] = sum(map(process_cpu_s, pids))
     cpu["host"] = host_busy_s()

@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from bench.process_cpu import engine_batching
+from bench.process_cpu import engine_batching, snapshot
 from client import TextClient
 from common.contract import ServingSpec
+from common.process_state import running
 from model_repository.generate import generate
 from model_repository.stages.engines import engine_process, load_engine
 from model_repository.stages.engines.base import pack_sequences
@@ -97,6 +98,10 @@ def test_calls_in_flight_come_back_in_order_to_each_caller(exported, direct, tok
     assert 1 <= batches <= calls and after["query_batches"] - before["query_batches"] <= batches
     batching = engine_batching({"e": before}, {"e": after}, 1.0)
     assert batching["calls_per_batch"] == round(calls / batches, 2) and batching["batches_per_s"] == batches
+    counted = snapshot(parent.pid)  # the benchmarks' CPU by process kind finds the process by its server's pid
+    (stats,) = counted["engine stats"].values()
+    assert running(stats["pid"]) and counted["engine process"] > 0
+    assert "engine process" not in snapshot(os.getpid()), "another server's engine processes are not counted"
 
 
 def test_a_stub_that_has_not_read_its_rows_yet_holds_up_no_other(exported, token_batches, parent):

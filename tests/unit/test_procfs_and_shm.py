@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.process_cpu import busiest_threads, engine_processes, snapshot, thread_cpu_s
+from bench.process_cpu import busiest_threads, thread_cpu_s
 from serving.launcher.procfs import child_processes, process_cpu_s, running
 from serving.launcher.shm import SHM_REGION_PREFIX, mapped_files, remove_orphaned_shm, remove_regions
 
@@ -64,26 +64,6 @@ def test_process_cpu_counts_busy_time_and_is_zero_for_the_gone():
         busy.kill()
         busy.wait()
     assert process_cpu_s(busy.pid) == 0.0
-
-
-def test_the_engine_processes_of_a_server_are_those_naming_it_as_their_parent():
-    """A stub starts the shared engine process as `python -m <package>.engine_process ... --parent-pid <server>`:
-    the CPU snapshot counts the ones of its server only."""
-    sleeper = "import time; time.sleep(30)"
-    ours, other = (
-        subprocess.Popen([sys.executable, "-c", sleeper, "stages.engines.engine_process", "--parent-pid", str(pid)])
-        for pid in (os.getpid(), os.getpid() + 100000)
-    )
-    try:
-        time.sleep(0.2)
-        assert engine_processes(os.getpid()) == [ours.pid]
-        assert "engine process" in snapshot(os.getpid())
-    finally:
-        for process in (ours, other):
-            process.kill()
-            process.wait()
-    assert engine_processes(os.getpid()) == []
-    assert "engine process" not in snapshot(os.getpid())
 
 
 BUSY_THREAD = """

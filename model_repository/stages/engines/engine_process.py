@@ -92,7 +92,7 @@ class Stats:
 
     def answer(self) -> bytes:
         figures = {name: value for name, value in vars(self).items() if name != "started"}
-        body = json.dumps({**figures, "up_s": time.monotonic() - self.started}).encode()
+        body = json.dumps({**figures, "up_s": time.monotonic() - self.started, "pid": os.getpid()}).encode()
         return ANSWER.pack(STATUS_STATS, 0, 0, len(body)) + body
 
 
