@@ -228,18 +228,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from bench.engine_workload import write_bert_base
 
-    folder = Path(tempfile.mkdtemp(prefix="shared_engine_"))
-    model_dir = str(write_bert_base(folder / "model"))
     results = {"benchmark": "shared_engine", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "command": " ".join(["python -m bench.shared_engine", *(argv or sys.argv[1:])]), "runs": []}  # fmt: skip
-    for texts in args.texts:
-        for mode in args.modes:
-            try:
-                found = run(mode, argparse.Namespace(**{**vars(args), "texts": texts}), model_dir, folder)
-            except (RuntimeError, OSError, subprocess.SubprocessError) as error:  # mps: no daemon on this host
-                found = {"error": str(error)}
-            results["runs"].append({"mode": mode, "texts": texts, **found})
-            print(f"{mode:6} {args.clients} x {texts:4} texts: {found}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="shared_engine_") as temporary:  # the model's 418 MB go with it
+        folder = Path(temporary)
+        model_dir = str(write_bert_base(folder / "model"))
+        for texts in args.texts:
+            for mode in args.modes:
+                try:
+                    found = run(mode, argparse.Namespace(**{**vars(args), "texts": texts}), model_dir, folder)
+                except (RuntimeError, OSError, subprocess.SubprocessError) as error:  # mps: no daemon on this host
+                    found = {"error": str(error)}
+                results["runs"].append({"mode": mode, "texts": texts, **found})
+                print(f"{mode:6} {args.clients} x {texts:4} texts: {found}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "shared_engine.json").write_text(json.dumps(results, indent=2) + "\n")
     return 0
