@@ -4,6 +4,7 @@ served by tritonserver with two instances."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -22,6 +23,7 @@ from common.contract import ServingSpec
 from common.process_state import running
 from model_repository.generate import generate
 from model_repository.stages.engines import engine_process, load_engine
+from model_repository.stages.engines import shared as shared_module
 from model_repository.stages.engines.base import pack_sequences
 from model_repository.stages.engines.engine_process import Call, Scheduler
 from model_repository.stages.engines.shared import SharedEngine, process_stats
@@ -152,6 +154,36 @@ def test_a_process_that_died_is_started_again_by_the_next_call(exported, direct,
     for stub in (engine, other):  # each stub's next call: the one that finds it gone starts it, the other connects
         np.testing.assert_allclose(stub.forward_packed(ids, lengths), direct.forward_packed(ids, lengths), atol=1e-5)
     assert len(engine_processes(engine)) == 1
+
+
+def test_a_hung_process_is_replaced_by_the_next_stub_that_connects(
+    exported, direct, token_batches, parent, monkeypatch
+):
+    """A stopped process's listener still accepts connections: a stub reloaded after the canary found the model hung
+    would wait on it for ever. The first one to connect finds it silent, ends it and starts another."""
+    monkeypatch.setattr(shared_module, "ANSWERS_WITHIN_S", 1.0)
+    engine = shared(exported, parent.pid)
+    (hung,) = engine_processes(engine)
+    os.kill(hung, signal.SIGSTOP)
+    ids, lengths = token_batches[1]
+    answered: list = []
+
+    def reloaded_stub() -> None:  # in a thread: without the check its call never returns
+        stub = shared(exported, parent.pid)
+        answered.append((stub, stub.forward_packed(ids, lengths)))
+
+    try:
+        reload = threading.Thread(target=reloaded_stub, daemon=True)
+        reload.start()
+        reload.join(60)
+        assert answered, "the reloaded stub's call did not come back within 60 s"
+        reloaded, rows = answered[0]
+        np.testing.assert_allclose(rows, direct.forward_packed(ids, lengths), atol=1e-5)
+        assert engine_processes(reloaded) != [hung] and len(engine_processes(reloaded)) == 1
+        assert not running(hung)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(hung, signal.SIGKILL)
 
 
 def test_outputs_that_are_not_rows_are_refused_at_load(exported):

@@ -10,7 +10,8 @@ answered in order: ANSWER (status, rows, width, bytes that follow); status 0: fl
 message (the call failed; the next ones go on).
 
 A CALL flagged FLAG_STATS (no arrays follow) is answered at once with status 2 and the process's counters so far as
-JSON (Stats): for a connection of its own, with no call in flight (bench/process_cpu.py asks so).
+JSON (Stats), on a connection with no call in flight: bench/process_cpu.py asks so, and each stub as it connects, to
+know the process is not hung.
 
 Scheduling: the waiting calls flagged FLAG_QUERY (the query lane's stubs) run first, as a batch of their own; else
 the waiting calls in arrival order, up to `max_tokens` tokens (at least one call). While queries come (one arrived
@@ -52,7 +53,6 @@ SUFFIXES = (".sock", ".ready", ".lock", ".log")
 # Since the last query, ingestion batches stay small this long: queries at 50/s come every 20 ms, and the launcher's
 # canary, one to the lane every server.canary_interval_s (5 s), bounds 2 % of the time.
 QUERIES_COME_S = 0.1
-READY = b"ready\n"  # written to STEM.ready once loaded and listening
 
 
 def recv_exact(sock: socket.socket, size: int) -> bytes:
@@ -302,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     path.unlink(missing_ok=True)
     listener.bind(str(path))
     listener.listen(256)
-    args.stem.with_suffix(".ready").write_bytes(READY)
+    args.stem.with_suffix(".ready").write_text(f"{os.getpid()}\n")  # loaded and listening; its pid, for a stub
+    # that finds it hung (engines/shared.py)
     print(f"engine process {os.getpid()}: {args.kind} on {args.device}, {path}", file=sys.stderr, flush=True)
     try:
         serve(engine, listener, Scheduler(args.max_tokens, args.texts_beside_queries), args.parent_pid)

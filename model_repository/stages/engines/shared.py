@@ -3,8 +3,9 @@
 With `engine.options = {shared_process = true}` a stage's stubs on one device call one process
 (engine_process.py), which runs their calls together as larger batches, the query lane's first. The first stub to
 come finds no process listening, starts it (under a lock, so only one does) and waits until it has loaded; the
-others connect. The process is named by tritonserver's pid and the model's files, device, engine kind and
-options, and ends with that tritonserver.
+others connect. A process that does not answer a stub that connects is hung: that stub ends it and starts another
+(the launcher's canary has a hung model's stubs killed and reloaded). The process is named by tritonserver's pid and
+the model's files, device, engine kind and options, and ends with that tritonserver.
 
 Rows only (dense embeddings and classification logits): a sparse, hybrid or multi-vector model's outputs are not
 rows and are refused when the stage loads.
@@ -12,11 +13,13 @@ rows and are refused when the stage loads.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -38,6 +41,10 @@ ROW_TASKS = ("embedding", "classification", "rerank")
 # listener and then drop it (test_shared_engine's restart test saw a reset after the first reconnection in 4 of 13
 # runs).
 RECONNECTS = 3
+# A process that does not answer a new connection's stats request within this is hung (stopped, or stuck in its
+# device): it answers between batches, and one batch (engine_process's 16,384 tokens at most) takes far less. The
+# launcher's canary then has the model's stubs killed, and the first reloaded one to connect replaces the process.
+ANSWERS_WITHIN_S = 10.0
 
 
 def process_name(parent_pid: int, model_dir: Path, device: str, kind: str, options: dict) -> str:
@@ -53,18 +60,27 @@ def process_name(parent_pid: int, model_dir: Path, device: str, kind: str, optio
     return f"{ENGINE_PROCESS_PREFIX}{parent_pid}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
-def process_stats(socket_path: Path) -> dict:
-    """The counters of the engine process listening at socket_path (engine_process.Stats), over a connection of
-    their own."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(10)
-        sock.connect(str(socket_path))
+def asked_stats(sock: socket.socket) -> dict:
+    """The counters (engine_process.Stats) of the engine process on a connection with no call in flight; OSError
+    (TimeoutError too) when it does not answer within ANSWERS_WITHIN_S."""
+    sock.settimeout(ANSWERS_WITHIN_S)
+    try:
         sock.sendall(CALL.pack(0, 0, FLAG_STATS, 0))
         status, _, _, size = ANSWER.unpack(recv_exact(sock, ANSWER.size))
         body = recv_exact(sock, size)
+    finally:
+        sock.settimeout(None)
     if status != STATUS_STATS:
-        raise RuntimeError(f"the engine process at {socket_path} answered status {status} to a stats request")
+        raise RuntimeError(f"the engine process answered status {status} to a stats request")
     return json.loads(body)
+
+
+def process_stats(socket_path: Path) -> dict:
+    """The counters of the engine process listening at socket_path, over a connection of their own."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(ANSWERS_WITHIN_S)
+        sock.connect(str(socket_path))
+        return asked_stats(sock)
 
 
 class SharedEngine(Engine):
@@ -96,16 +112,14 @@ class SharedEngine(Engine):
         self._connect()
 
     def _connect(self) -> None:
-        """Connect to the process, starting it first if none listens (one stub does, under a lock)."""
-        self.sock = self._try_connect()
-        if self.sock is not None:
-            return
+        """Connect to the process, starting it first if none listens or it is hung: under a lock, so that one stub
+        does while the others wait to connect to the new one."""
         ready, log_file = self.stem.with_suffix(".ready"), self.stem.with_suffix(".log")
         with open(self.stem.with_suffix(".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            self.sock = self._try_connect()  # another stub started it meanwhile
+            self.sock = self._try_connect()
             if self.sock is None:
-                ready.unlink(missing_ok=True)  # a process that died leaves its file
+                self._end_hung(ready)
                 process = self._start(log_file)
                 deadline = time.monotonic() + 600
                 while not ready.exists():
@@ -118,13 +132,25 @@ class SharedEngine(Engine):
             raise RuntimeError(f"the engine process at {self.socket_path} does not answer (its log: {log_file})")
 
     def _try_connect(self) -> socket.socket | None:
+        """A connection to a process that answers; None if none listens or the one listening is hung (a stopped
+        process's listener still accepts connections)."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(ANSWERS_WITHIN_S)  # a full backlog blocks connect()
         try:
             sock.connect(str(self.socket_path))
-        except OSError:
+            asked_stats(sock)
+        except (OSError, RuntimeError):
             sock.close()
             return None
         return sock
+
+    def _end_hung(self, ready: Path) -> None:
+        """The files of a process that died, and a hung one itself (its pid is in STEM.ready), out of the way."""
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(ready.read_text())
+            if str(self.stem).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():  # not a reused pid
+                os.kill(pid, signal.SIGKILL)
+        ready.unlink(missing_ok=True)
 
     def _start(self, log_file: Path) -> subprocess.Popen:
         package = __name__.rsplit(".", 1)[0]  # this engines package, however the stage was imported
