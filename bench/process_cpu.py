@@ -10,11 +10,10 @@ compare snapshots of one steady run.
 from __future__ import annotations
 
 import contextlib
-import tempfile
 import time
 from pathlib import Path
 
-from common.contract import ENGINE_PROCESS_PREFIX
+from common.contract import engine_process_files
 from model_repository.stages.engines.shared import process_stats
 from serving.launcher.procfs import TICKS_PER_S, process_cpu_s, stub_processes
 
@@ -42,7 +41,7 @@ def engine_process_stats(server_pid: int) -> dict[str, dict]:
     """Each engine process of tritonserver `server_pid` (by its socket, named after the server as the launcher's
     clean-up finds its files): its counters so far and its pid (engine_process.Stats)."""
     found = {}
-    for path in Path(tempfile.gettempdir()).glob(f"{ENGINE_PROCESS_PREFIX}{server_pid}-*.sock"):
+    for path in engine_process_files(server_pid, ".sock"):
         with contextlib.suppress(OSError):  # ended meanwhile
             found[path.stem] = process_stats(path)
     return found

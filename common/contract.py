@@ -4,6 +4,7 @@ the model's serving spec (serving.json, written by export and read by every engi
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,8 @@ SERVING_FILE = "serving.json"
 CALIBRATION_FILE = "calibration.npy"  # an embedder's unit embeddings of its calibration corpus (export/calibration.py)
 OPTION_PREFIX = "engine."  # config parameters that carry the settings' [engine] options
 # The files of an engine process (stages/engines/shared.py) in the temporary folder:
-# ENGINE_PROCESS_PREFIX<tritonserver pid>-<model key>.sock, .ready, .lock, .log; the launcher removes a dead server's.
+# ENGINE_PROCESS_PREFIX<tritonserver pid>-<model key>.sock, .ready (its pid), .lock, .log; the launcher removes a dead
+# server's.
 ENGINE_PROCESS_PREFIX = "bert-triton-engine-"
 # A sparse model's outputs, per request [texts, that request's most non-zero entries]: each text's vocabulary
 # indices (int32, ascending, padded with -1) and their weights (fp32, padded with 0).
@@ -129,3 +131,8 @@ class ServingSpec:
     def engine_inputs(self) -> tuple[str, ...]:
         """What the engine takes: ids and mask, and for pairs of a model that reads them the token types."""
         return (*ENGINE_INPUTS, TOKEN_TYPES) if self.pairs and self.token_types else ENGINE_INPUTS
+
+
+def engine_process_files(server_pid: int, suffix: str = "") -> list[Path]:
+    """The files of tritonserver `server_pid`'s engine processes, all of them or those ending in `suffix`."""
+    return sorted(Path(tempfile.gettempdir()).glob(f"{ENGINE_PROCESS_PREFIX}{server_pid}-*{suffix}"))

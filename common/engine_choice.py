@@ -100,3 +100,9 @@ def choose_engine(
         return EngineChoice("torch", "bf16", f"the CPU has {bf16}")
     reason = f"the CPU has {bf16} but torch is not installed" if bf16 else "no bf16 on this CPU"
     return EngineChoice("onnxruntime_cpu", "fp32", reason)
+
+
+def shares_engine_process(options: dict) -> bool:
+    """Whether the settings' [engine] options (or a stage's copy of them) ask for one engine process a device
+    (shared_process = true: stages/engines/shared.py)."""
+    return str(options.get("shared_process", "false")).lower() in ("true", "1")

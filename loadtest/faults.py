@@ -2,10 +2,12 @@
 a restart (SIGTERM, drain, a new launcher), tritonserver killed, a stub killed, oversized HTTP bodies, and
 tritonserver hung: alive but answering nothing, as Triton 2.51 was seen to hang (a SIGSEGV under its own tracing,
 then no answers and no exit). SIGSTOP stands in for that; the launcher's canary (serving/launcher/canary.py) must find
-it, turn /live 503, kill it and start it again."""
+it, turn /live 503, kill it and start it again. With engine.options.shared_process, the stubs' engine process killed
+or hung the same way (stages/engines/shared.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -14,6 +16,7 @@ import urllib.error
 import urllib.request
 from collections import Counter
 
+from common.contract import engine_process_files
 from serving.launcher.harness import Launcher
 
 # Content types tritonserver's HTTP reads an inference body with (none at all is what some clients send).
@@ -145,4 +148,38 @@ def restart(launcher: Launcher, timeout_s: float = 180.0) -> tuple[Launcher, dic
         "launcher_exit_code": code,
         "drain_s": round(exited - started, 3),
         "ready_again_s": round(time.monotonic() - started, 3),
+    }
+
+
+def engine_process_pids(launcher: Launcher) -> dict[str, int]:
+    """Each engine process of the launcher's tritonserver: its files' stem -> its pid (from its .ready file)."""
+    found = {}
+    for path in engine_process_files(launcher.triton_pid, ".ready"):
+        with contextlib.suppress(OSError, ValueError):  # ended, or being started, meanwhile
+            found[path.stem] = int(path.read_text())
+    return found
+
+
+def engine_process_fault(launcher: Launcher, fault: signal.Signals, timeout_s: float = 180.0) -> dict:
+    """SIGKILL the engine processes (the stubs' next calls start them again and send what they had not answered) or
+    SIGSTOP them (hung: the canary has the models' stubs killed and reloaded, and the first reloaded stub to connect
+    ends it and starts another); wait until each is a new process again and /ready is 200."""
+    before = engine_process_pids(launcher)
+    if not before:
+        raise RuntimeError("no engine process runs: the settings' engine.options have no shared_process = true")
+    for pid in before.values():
+        os.kill(pid, fault)
+    hit = time.monotonic()
+    while True:
+        now = engine_process_pids(launcher)
+        if all(now.get(stem, pid) != pid for stem, pid in before.items()) and launcher.ready()[0] == 200:
+            break
+        if time.monotonic() - hit > timeout_s:
+            raise RuntimeError(f"the engine processes {sorted(before.values())} were not replaced in {timeout_s:.0f} s")
+        time.sleep(0.05)
+    return {
+        "signal": fault.name,
+        "engine_pids": sorted(before.values()),
+        "replaced_by": sorted(now.values()),
+        "ready_again_s": round(time.monotonic() - hit, 3),
     }

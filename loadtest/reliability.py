@@ -13,6 +13,9 @@ jitter within a deadline), with a share of bad requests (a text over tokenizer.m
                       model, and a form-typed 5 MB body (the one that crashes tritonserver 2.51 directly)
   kill-MODEL          SIGKILL one stub process of each Python model in turn (one_stage: ensemble; two_stage:
                       tokenizer, encoder; with several models, every model's); the watchdog reloads it
+  kill-engine-process, hang-engine-process (with engine.options.shared_process): SIGKILL the stubs' engine
+                      process (their next calls start another) or SIGSTOP it (the canary has the stubs reloaded,
+                      and the first to connect replaces it)
 
 With several settings files (one per model) each model gets its own load of `users` (embed, classify, or a
 reranker's query with one text) and is counted apart: a phase reports every model's figures and their sum.
@@ -37,6 +40,7 @@ import itertools
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import threading
@@ -49,8 +53,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from client.core import ClientError, RetryPolicy, TextClient
+from common.engine_choice import shares_engine_process
 from loadtest.corpus import load_text
-from loadtest.faults import crash_tritonserver, hang_tritonserver, kill_stub, oversized_bodies, restart
+from loadtest.faults import (
+    crash_tritonserver,
+    engine_process_fault,
+    hang_tritonserver,
+    kill_stub,
+    oversized_bodies,
+    restart,
+)
 from model_repository.configs import python_models
 from serving.launcher.harness import Launcher
 from serving.launcher.triton_command import Ports
@@ -237,15 +249,19 @@ def run(
                 load = Load(api_url, api_users, limit, model.model.name, route="api")
                 loads[f"{served} (api)"] = load.start()
     stages = [name for model in deployment.models for name in python_models(model, deployment.names(model))]
+    shared = any(shares_engine_process(model.engine.options) for model in deployment.models)
+    engine_phases = ["kill-engine-process", "hang-engine-process"] if shared else []
     phases, started = {}, time.monotonic()
     try:
-        for phase in PHASES + [f"kill-{model}" for model in stages]:
+        for phase in PHASES + engine_phases + [f"kill-{model}" for model in stages]:
             start = time.monotonic()
             for load in loads.values():
                 load.phase = phase
             event: dict = {}
             time.sleep(phase_s / 2)
-            if phase.startswith("kill-"):
+            if phase in engine_phases:
+                event = engine_process_fault(launcher, signal.SIGKILL if phase.startswith("kill") else signal.SIGSTOP)
+            elif phase.startswith("kill-"):
                 event = kill_stub(launcher, phase.removeprefix("kill-"))
             elif phase == "restart":
                 launcher, event = restart(launcher)
@@ -309,6 +325,8 @@ def print_table(result: dict) -> None:
         elif "bodies" in event:
             survived = "tritonserver survived" if event["tritonserver_survived"] else "TRITONSERVER DIED"
             recovery = f"{event['bodies']} bodies answered {event['answers']}; {survived}"
+        elif "engine_pids" in event:
+            recovery = f"{event['signal']}: a new engine process, /ready 200 after {event['ready_again_s']:.2f} s"
         elif "drain_s" in event:
             recovery = f"drained in {event['drain_s']:.2f} s, new server ready after {event['ready_again_s']:.2f} s"
         gap = phase["longest_gap_without_success_s"]

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from common.contract import OPTION_PREFIX, ServingSpec
-from common.engine_choice import choose_engine
+from common.engine_choice import choose_engine, shares_engine_process
 
 from .engines import Engine, load_engine
 
@@ -42,7 +42,9 @@ def engine_from_args(args: dict, params: dict, log: Callable[[str], None]) -> En
     options.update(
         {key.removeprefix(OPTION_PREFIX): value for key, value in params.items() if key.startswith(OPTION_PREFIX)}
     )
-    if str(options.pop("shared_process", "false")).lower() in ("true", "1"):  # one engine process a device
+    shared_process = shares_engine_process(options)
+    options.pop("shared_process", None)  # the stage's option, not the engine's
+    if shared_process:  # one engine process a device
         from .engines.shared import SharedEngine
 
         lane = {"query": params.get("query_lane") == "true", "chunk_texts": params.get("ingestion_chunk_texts", 0)}

@@ -24,7 +24,7 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 
-from common.contract import ENGINE_PROCESS_PREFIX
+from common.contract import engine_process_files
 from common.gpu_board import BOARD_ENVIRONMENT
 from protocol.api_key import api_key
 from serving.launcher.procfs import stubs, stubs_cpu_s
@@ -353,7 +353,7 @@ class TritonServer:
             pass  # nothing (left) in the group
         remove_regions(regions)
         self.regions = set()
-        for path in Path(tempfile.gettempdir()).glob(f"{ENGINE_PROCESS_PREFIX}{self.process.pid}-*"):
+        for path in engine_process_files(self.process.pid):
             path.unlink(missing_ok=True)  # a shared engine process's files (its group was just ended)
 
     def stop(self) -> None:

@@ -1,10 +1,12 @@
 """A tritonserver, or a stub, that hangs without exiting, against the real launcher under load
 (serving/launcher/canary.py): the canary finds a hung tritonserver, /live says so, and the launcher kills it and
 starts it again as after a crash; it finds a hung stub of the model itself, and the launcher kills that stub for the
-watchdog to reload, tritonserver untouched."""
+watchdog to reload, tritonserver untouched; and with engine.options.shared_process, a hung engine process of the
+stubs is replaced."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -14,28 +16,38 @@ import time
 import pytest
 
 from client.core import TextClient
-from loadtest.faults import launcher_live
+from loadtest.faults import engine_process_fault, launcher_live
 from loadtest.reliability import Load
+from model_repository.generate import generate
 from serving.launcher.canary import STATISTICS_TIMEOUT_S
 from serving.launcher.harness import Launcher
 from serving.launcher.procfs import running
 from serving.launcher.triton_command import Ports
+from settings import load_settings
 
 INTERVAL_S, TIMEOUT_S = 0.5, 2.0
 SLACK_S = 3.0  # a round's own calls and the poll, on 2 busy cores
 EITHER = "(ensemble|ensemble-query)"  # the model, or its query lane
 
 
-@pytest.fixture()
-def launcher(settings, repository, tmp_path):
-    overrides = [f"server.canary_interval_s={INTERVAL_S}", f"server.canary_timeout_s={TIMEOUT_S}"]
-    started = Launcher(settings.path, repository, Ports.free(), tmp_path / "launcher.log", overrides).start()
-    yield started
+CANARY = [f"server.canary_interval_s={INTERVAL_S}", f"server.canary_timeout_s={TIMEOUT_S}"]
+
+
+@contextlib.contextmanager
+def running_launcher(settings, repository, tmp_path, overrides=()):
+    started = Launcher(settings.path, repository, Ports.free(), tmp_path / "launcher.log", [*CANARY, *overrides])
+    yield started.start()
     started.terminate()  # a drain: the launcher reaps tritonserver and removes its stubs' regions, a killed one's too
     try:
         started.process.wait(timeout=90)
     except subprocess.TimeoutExpired:
         started.kill()
+
+
+@pytest.fixture()
+def launcher(settings, repository, tmp_path):
+    with running_launcher(settings, repository, tmp_path) as started:
+        yield started
 
 
 def test_a_stopped_tritonserver_is_found_hung_killed_and_started_again(launcher, settings):
@@ -103,6 +115,28 @@ def test_a_stopped_stub_of_the_model_is_found_hung_and_reloaded(launcher, settin
     assert ready["tritonserver_restarts"] == 0 and ready["stub_restarts"][-1]["model"] == "ensemble", ready
     assert 'bert_launcher_stub_hangs_total{model="ensemble"} 1' in launcher.metrics()
     assert "bert_launcher_tritonserver_hangs_total 0" in launcher.metrics()
+    tally = load.tally("steady", 0, time.monotonic())
+    assert tally["lost"] == 0 and tally["refused"] == {}, (tally, load.examples)
+    assert tally["succeeded"] > 0
+
+
+def test_a_stopped_engine_process_is_found_hung_and_replaced(settings, exported, tmp_path):
+    """With one engine process for the stubs, every stub of the model waits on it: stopped, the canary finds the
+    model answering nothing and has its stubs reloaded, and the first reloaded stub to connect finds the process
+    silent, ends it and starts another (stages/engines/shared.py). Nothing of the load is lost."""
+    shared = ["engine.options={shared_process=true}"]
+    repository = generate(load_settings(settings.path, shared), exported, tmp_path / "repository")
+    with running_launcher(settings, repository, tmp_path, shared) as launcher:
+        load = Load(f"127.0.0.1:{launcher.ports.grpc}", 2, settings.tokenizer.max_text_bytes).start()
+        time.sleep(2 * INTERVAL_S + 1)
+        event = engine_process_fault(launcher, signal.SIGSTOP, timeout_s=120)
+        time.sleep(1)  # the load is served by the new process
+        load.stop()
+        log = launcher.log_path.read_text()
+        restarts = launcher.ready()[1]["tritonserver_restarts"]
+    (stopped,) = event["engine_pids"]
+    assert not running(stopped) and event["replaced_by"] and stopped not in event["replaced_by"], event
+    assert re.search(rf"{EITHER}'s stubs are hung", log) and restarts == 0, log[-3000:]
     tally = load.tally("steady", 0, time.monotonic())
     assert tally["lost"] == 0 and tally["refused"] == {}, (tally, load.examples)
     assert tally["succeeded"] > 0
