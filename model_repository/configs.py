@@ -251,14 +251,11 @@ def _gpu_turns(settings: Settings, names: ServedNames) -> dict:
     if not names.query_lane:
         return {}
     priority = settings.priority
+    chunk = {"ingestion_chunk_texts": priority.ingestion_chunk_texts}
     if not settings.encoder.gpus:
-        return {"ingestion_chunk_texts": priority.ingestion_chunk_texts}
-    return {
-        "gpu_turns": "model",
-        "ingestion_chunk_texts": priority.ingestion_chunk_texts,
-        "ingestion_on_gpu": priority.ingestion_on_gpu,
-        "query_yield_ms": priority.query_yield_ms,
-    }
+        return chunk
+    return {**chunk, "gpu_turns": "model", "ingestion_on_gpu": priority.ingestion_on_gpu,
+            "query_yield_ms": priority.query_yield_ms}  # fmt: skip
 
 
 def query_lane_config(settings: Settings, spec: ServingSpec, names: ServedNames) -> mc.ModelConfig:
