@@ -75,12 +75,24 @@ def asked_stats(sock: socket.socket) -> dict:
     return json.loads(body)
 
 
+def answering_connection(socket_path: Path) -> tuple[socket.socket, dict]:
+    """A connection to the engine process listening at socket_path, and its counters: asked at once, since a stopped
+    process's listener still accepts connections. OSError or RuntimeError when it does not answer."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(ANSWERS_WITHIN_S)  # a full backlog blocks connect()
+    try:
+        sock.connect(str(socket_path))
+        return sock, asked_stats(sock)
+    except (OSError, RuntimeError):
+        sock.close()
+        raise
+
+
 def process_stats(socket_path: Path) -> dict:
     """The counters of the engine process listening at socket_path, over a connection of their own."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(ANSWERS_WITHIN_S)
-        sock.connect(str(socket_path))
-        return asked_stats(sock)
+    sock, stats = answering_connection(socket_path)
+    sock.close()
+    return stats
 
 
 class SharedEngine(Engine):
@@ -132,17 +144,11 @@ class SharedEngine(Engine):
             raise RuntimeError(f"the engine process at {self.socket_path} does not answer (its log: {log_file})")
 
     def _try_connect(self) -> socket.socket | None:
-        """A connection to a process that answers; None if none listens or the one listening is hung (a stopped
-        process's listener still accepts connections)."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(ANSWERS_WITHIN_S)  # a full backlog blocks connect()
+        """A connection to a process that answers; None if none listens or the one listening is hung."""
         try:
-            sock.connect(str(self.socket_path))
-            asked_stats(sock)
+            return answering_connection(self.socket_path)[0]
         except (OSError, RuntimeError):
-            sock.close()
             return None
-        return sock
 
     def _end_hung(self, ready: Path) -> None:
         """The files of a process that died, and a hung one itself (its pid is in STEM.ready), out of the way."""
