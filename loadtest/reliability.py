@@ -97,7 +97,8 @@ PHASES = [
     "crash-tritonserver",
     "hang-tritonserver",
     "oversized-bodies",
-]  # then kill-<model> per Python model
+]  # then, with engine.options.shared_process, these; then kill-<model> per Python model
+ENGINE_PROCESS_FAULTS = {"kill-engine-process": signal.SIGKILL, "hang-engine-process": signal.SIGSTOP}
 
 
 class ApiUser:
@@ -250,7 +251,7 @@ def run(
                 loads[f"{served} (api)"] = load.start()
     stages = [name for model in deployment.models for name in python_models(model, deployment.names(model))]
     shared = any(shares_engine_process(model.engine.options) for model in deployment.models)
-    engine_phases = ["kill-engine-process", "hang-engine-process"] if shared else []
+    engine_phases = list(ENGINE_PROCESS_FAULTS) if shared else []
     phases, started = {}, time.monotonic()
     try:
         for phase in PHASES + engine_phases + [f"kill-{model}" for model in stages]:
@@ -260,7 +261,7 @@ def run(
             event: dict = {}
             time.sleep(phase_s / 2)
             if phase in engine_phases:
-                event = engine_process_fault(launcher, signal.SIGKILL if phase.startswith("kill") else signal.SIGSTOP)
+                event = engine_process_fault(launcher, ENGINE_PROCESS_FAULTS[phase])
             elif phase.startswith("kill-"):
                 event = kill_stub(launcher, phase.removeprefix("kill-"))
             elif phase == "restart":
