@@ -11,7 +11,8 @@ query's. So the stubs agree among themselves:
 - a batch made only of queries (the API front's, sent to the model itself while no ingestion runs: parameter
   lane = "query") is neither marked nor cut.
 A stub whose engine runs the lane's calls first itself (the engine process, engines/shared.py) still cuts and marks
-its chunks but never waits: there a wait only kept other stubs' calls out of the process's batches.
+its chunks but never waits, and hands them all to the process at once (stage_core.py): there a wait only kept other
+stubs' calls out of the process's batches.
 """
 
 from __future__ import annotations

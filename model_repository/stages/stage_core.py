@@ -165,6 +165,8 @@ class StageCore:
         turns.begin(requests)
         try:
             chunks = turns.chunks(requests)
+            if self.engine.queries_first:
+                return self._queued(chunks, turns, side)
             results: list[Answer] = []
             prepared = self._prepare_in_time(chunks[0], side)
             for following in [*chunks[1:], None]:
@@ -178,18 +180,42 @@ class StageCore:
                 finally:
                     turns.after_collect()
                 self.pace.observe(len(prepared.lengths), time.monotonic() - started)
-                answered = iter(self.finish(prepared))
-                late = f"{BUDGET_EXPIRED}: its chunk could not finish before its deadline"
-                results += [late if id(request) in prepared.late else next(answered) for request in prepared.chunk]
+                results += self._answers(prepared)
                 prepared = upcoming
             return results
         finally:
             turns.end()
 
-    def _prepare_in_time(self, chunk: list[HeldRequest], side: str | None) -> Prepared:
-        """The chunk's requests tokenized, but for those whose deadline passes before the chunk can finish at the
-        stub's best recent pace (Prepared.late)."""
-        by = time.monotonic() + self.pace.soonest_s(sum(request.rows for request in chunk))
+    def _queued(self, chunks: list[list[HeldRequest]], turns: GpuTurns | NoTurns, side: str | None) -> list[Answer]:
+        """Every chunk handed at once, a call each, to an engine that queues calls and runs the lane's first (the
+        engine process), then answered in order: chunk after chunk left it one stub's chunk at a time, its GPU busy
+        45-55 % (docs/results/h100/2026-12-07-g). A chunk's deadline counts the texts queued ahead of it."""
+        turns.before_launch()
+        started, queued, launched, results = time.monotonic(), 0, [], []
+        try:
+            for chunk in chunks:
+                prepared = self._prepare_in_time(chunk, side, queued)
+                self.launch(prepared)
+                queued += len(prepared.lengths)
+                launched.append((prepared, queued))
+            for prepared, texts in launched:  # each finished while the process runs those behind it
+                prepared.collect()
+                self.pace.observe(texts, time.monotonic() - started)
+                results += self._answers(prepared)
+        finally:
+            turns.after_collect()
+        return results
+
+    def _answers(self, prepared: Prepared) -> list[Answer]:
+        """A chunk's answers in its order, those refused as late among them."""
+        answered = iter(self.finish(prepared))
+        late = f"{BUDGET_EXPIRED}: its chunk could not finish before its deadline"
+        return [late if id(request) in prepared.late else next(answered) for request in prepared.chunk]
+
+    def _prepare_in_time(self, chunk: list[HeldRequest], side: str | None, queued: int = 0) -> Prepared:
+        """The chunk's requests tokenized, but for those whose deadline passes before the chunk (behind `queued`
+        texts) can finish at the stub's best recent pace (Prepared.late)."""
+        by = time.monotonic() + self.pace.soonest_s(queued + sum(request.rows for request in chunk))
         late = frozenset(id(request) for request in chunk if expired(request.deadline, by))
         prepared = self.prepare([request for request in chunk if id(request) not in late], side)
         prepared.chunk, prepared.late = chunk, late

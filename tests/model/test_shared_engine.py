@@ -20,6 +20,7 @@ from tokenizers import Tokenizer
 from bench.process_cpu import engine_batching, snapshot
 from client import TextClient
 from common.contract import ServingSpec
+from common.gpu_board import GpuBoard
 from common.process_state import running
 from model_repository.generate import generate
 from model_repository.stages.engines import engine_process, load_engine
@@ -27,8 +28,10 @@ from model_repository.stages.engines import shared as shared_module
 from model_repository.stages.engines.base import pack_sequences
 from model_repository.stages.engines.engine_process import Call, Scheduler
 from model_repository.stages.engines.shared import SharedEngine, process_stats
+from model_repository.stages.gpu_turns import GpuTurns
 from serving.launcher.harness import local_server
 from settings import load_settings
+from tests.model.stage_run import request, stage
 from tests.server.api_front_process import Front, urls
 
 OPTIONS = {"precision": "fp32", "inner_kind": "torch"}
@@ -121,6 +124,32 @@ def test_a_stub_that_has_not_read_its_rows_yet_holds_up_no_other(exported, token
         for collect in pending:
             assert collect().shape == (len(lengths), 384)
         thread.join(60)
+
+
+def test_a_stub_hands_the_process_every_chunk_of_a_batch_before_it_collects_one(exported, sentences, parent, tmp_path):
+    """A stage on the process cuts ingestion into chunks as on its own engine, but sends them all before collecting
+    the first, so that the process can batch them with other stubs' calls and run queries between them. The answers
+    are one batch's; a request whose deadline the texts queued ahead of its chunk cannot meet is refused unrun."""
+    engine = shared(exported, parent.pid)
+    events: list[str] = []
+    submit = engine.submit
+
+    def logged_submit(*args, **kwargs):
+        events.append("submit")
+        reader = submit(*args, **kwargs)
+        return lambda: (events.append("collect"), reader())[1]
+
+    engine.submit = logged_submit
+    core, direct_core = stage(exported, engine=engine), stage(exported, "torch")
+    turns = GpuTurns(GpuBoard(tmp_path / "board"), 0, lane=False, chunk_texts=2, on_gpu=0, yield_s=0.0)
+    requests = [request(sentences[:2]), request(sentences[2:4]), request(sentences[4:5])]  # a chunk each
+    core.pace.observe(2, 0.1)  # 2 texts in 0.1 s: the second chunk alone would finish in time, behind the first not
+    requests[1].deadline = time.monotonic() + 0.15
+    answers = core.answer(requests, turns)
+    assert events == ["submit", "submit", "collect", "collect"], "the late request's chunk sent nothing"
+    assert isinstance(answers[1], str) and "time budget ran out" in answers[1]
+    for answer, expected in zip([answers[0], answers[2]], direct_core.answer([requests[0], requests[2]]), strict=True):
+        np.testing.assert_allclose(answer["embedding"], expected["embedding"], atol=1e-5)
 
 
 def unpacked(ids: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:

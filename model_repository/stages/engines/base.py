@@ -26,7 +26,9 @@ class Engine(ABC):
     """
 
     kind = "?"  # its ENGINES name, for messages
-    queries_first = False  # whether it runs the query lane's calls before the others itself (gpu_turns.py)
+    # Whether it queues calls and runs the query lane's before the others itself: a stub then hands it every chunk
+    # of a batch at once (stage_core.py) and waits for no GPU turn (gpu_turns.py).
+    queries_first = False
 
     def __init__(self, model_dir: Path, spec: ServingSpec, device: str, options: dict) -> None:
         self.model_dir = Path(model_dir)
