@@ -10,6 +10,7 @@ be) and `finish` (each request's rows). Late chunks and a static sparse model's 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -191,7 +192,7 @@ class StageCore:
         engine process), then answered in order: chunk after chunk left it one stub's chunk at a time, its GPU busy
         45-55 % (docs/results/h100/2026-12-07-g). A chunk's deadline counts the texts queued ahead of it."""
         turns.before_launch()
-        started, queued, launched, results = time.monotonic(), 0, [], []
+        started, queued, launched, collecting, results = time.monotonic(), 0, [], 0, []
         try:
             for chunk in chunks:
                 prepared = self._prepare_in_time(chunk, side, queued)
@@ -199,10 +200,14 @@ class StageCore:
                 queued += len(prepared.lengths)
                 launched.append((prepared, queued))
             for prepared, texts in launched:  # each finished while the process runs those behind it
+                collecting += 1
                 prepared.collect()
                 self.pace.observe(texts, time.monotonic() - started)
                 results += self._answers(prepared)
         finally:
+            for prepared, _ in launched[collecting:]:  # after a failure: read, or the engine would keep them for ever
+                with contextlib.suppress(Exception):
+                    prepared.collect()
             turns.after_collect()
         return results
 

@@ -152,6 +152,29 @@ def test_a_stub_hands_the_process_every_chunk_of_a_batch_before_it_collects_one(
         np.testing.assert_allclose(answer["embedding"], expected["embedding"], atol=1e-5)
 
 
+def test_a_batch_whose_later_chunk_fails_to_launch_leaves_no_rows_behind(exported, sentences, parent, tmp_path):
+    """Chunks already sent when a later one fails are still read: their rows would otherwise wait in the stub's
+    engine, read ahead by its next collect and never taken."""
+    engine = shared(exported, parent.pid)
+    submit, submits = engine.submit, []
+
+    def failing_second(*args, **kwargs):
+        submits.append(1)
+        if len(submits) == 2:
+            raise OSError("the engine process is gone")
+        return submit(*args, **kwargs)
+
+    engine.submit = failing_second
+    core = stage(exported, engine=engine)
+    turns = GpuTurns(GpuBoard(tmp_path / "board"), 0, lane=False, chunk_texts=2, on_gpu=0, yield_s=0.0)
+    with pytest.raises(OSError, match="gone"):
+        core.answer([request(sentences[:2]), request(sentences[2:4])], turns)
+    assert not engine.unanswered
+    engine.submit = submit
+    assert core.answer([request(sentences[4:6])], turns)[0]["embedding"].shape == (2, 384)
+    assert not engine.answers and not engine.unanswered
+
+
 def unpacked(ids: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
     return np.split(ids, np.cumsum(lengths)[:-1])
 
