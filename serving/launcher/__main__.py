@@ -61,6 +61,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         help="with a keys file, tritonserver's own gRPC on 127.0.0.1 (default: a free port)",
     )
+    parser.add_argument(
+        "--gpu-board",
+        type=Path,
+        help="the GPU board's file (common/gpu_board.py), where a GPU model has a query lane: kept at exit, so that an "
+        "API front in another container of the pod reads the same board (the chart); default: a new one",
+    )
     parser.add_argument("--log-format", choices=LOG_FORMATS, help="default: server.log_format from the settings")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="a settings override")
     return parser.parse_args(argv)
@@ -100,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             read_keys(settings.tenants.keys_file)  # a wrong file is said here, before anything starts
             taken.add(ports.triton_metrics)
             ports = dataclasses.replace(ports, triton_grpc=args.triton_grpc_port or free_port_besides(taken))
-        server = TritonServer(settings, args.repository, ports, args.host, console_log=True)
+        server = TritonServer(settings, args.repository, ports, args.host, console_log=True, gpu_board=args.gpu_board)
         server.command()  # refuse a bad repository or stub interpreter before anything starts
     except (SettingsError, ServerError, KeysError) as exc:
         log.error(f"serve failed: {exc}")

@@ -88,10 +88,13 @@ class TritonServer:
         host: str | None = None,
         work_dir: Path | None = None,
         console_log: bool = False,
+        gpu_board: Path | None = None,
     ) -> None:
         """work_dir (default: the settings' build dir) holds the prepared backends folder and the log, so
         several servers can run side by side from one settings object; with console_log Triton logs to
-        this process's stdout instead (the launcher: container logs, read-only root filesystem)."""
+        this process's stdout instead (the launcher: container logs, read-only root filesystem). gpu_board: the
+        GPU board's file, where the server takes GPU turns, kept when it stops (an API front in another
+        container reads it); else a new one, removed when it stops."""
         self.settings = settings  # as given: one model's Settings, or the Deployment of several
         self.deployment = Deployment.of(settings)
         self.repository = repository or self.deployment.repository_dir
@@ -101,7 +104,8 @@ class TritonServer:
         self.log_path = None if console_log else self.work_dir / "tritonserver.log"
         self.admin_key = secrets.token_urlsafe(24)
         # Where the stubs and the API front take turns on the GPUs (common/gpu_board.py); made by its first user.
-        self.board_path = board_path() if self.deployment.takes_gpu_turns else None
+        self.board_path = (gpu_board or board_path()) if self.deployment.takes_gpu_turns else None
+        self.own_board = gpu_board is None
         self.process: subprocess.Popen | None = None
         self.watchdog: StubWatchdog | None = None
         self.stub_restarts: Counter = Counter()  # per model, over every tritonserver this object ran
@@ -367,7 +371,7 @@ class TritonServer:
                 self.process.kill()
                 self.process.wait()
         self.reap()
-        if self.board_path is not None:
+        if self.board_path is not None and self.own_board:
             self.board_path.unlink(missing_ok=True)
 
     def __enter__(self) -> TritonServer:

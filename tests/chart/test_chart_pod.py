@@ -8,8 +8,18 @@ import re
 import helm_python
 import pytest
 
-from settings import ROOT, load_settings
-from tests.chart.helm import CONFIGS, GPU, SERVER_IMAGE_HEALTHCHECK, overlay, pod_spec, render, server_container
+from settings import ROOT, load_deployment, load_settings
+from tests.chart.helm import (
+    CONFIGS,
+    GPU,
+    SERVER_IMAGE_HEALTHCHECK,
+    SETTINGS_FILES,
+    overlay,
+    pod_spec,
+    render,
+    server_container,
+    with_settings,
+)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -102,6 +112,25 @@ def test_api_front_runs_as_a_container_of_its_own(chart, settings):
     default = render(chart)
     assert [c["name"] for c in pod_spec(default)["containers"]] == ["triton"]
     assert "api" not in {p["name"] for p in default["Service"][0]["spec"]["ports"]}
+
+
+@pytest.mark.parametrize("settings_file", SETTINGS_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_api_container_reads_the_launchers_gpu_board_where_it_makes_one(chart, settings_file):
+    """Where a model on GPUs has a query lane (Deployment.takes_gpu_turns) the launcher and the api container name
+    one board file in the pod's shared /dev/shm, so that the front sends queries to the lane only while ingestion
+    runs, as in one launcher; elsewhere neither names one, and the front sends every query to the lane."""
+    objects = render(chart, with_settings(settings_file, **overlay("api-front")))
+    spec = pod_spec(objects)
+    (api,) = [c for c in spec["containers"] if c["name"] == "api"]
+    launcher = server_container(objects)["args"]
+    boards = [args[args.index("--gpu-board") + 1] for args in (launcher, api["args"]) if "--gpu-board" in args]
+    if load_deployment([settings_file]).takes_gpu_turns:
+        (shm,) = [v for v in spec["volumes"] if v["name"] == "shm"]
+        assert shm["emptyDir"]["medium"] == "Memory"
+        assert {"name": "shm", "mountPath": "/dev/shm"} in api["volumeMounts"]
+        assert len(boards) == 2 and boards[0] == boards[1] and boards[0].startswith("/dev/shm/")
+    else:
+        assert boards == []
 
 
 def test_api_front_needs_a_repository_on_a_volume(chart):

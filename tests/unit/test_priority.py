@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from common.gpu_board import GpuBoard
 from model_repository.configs import python_models
 from serving.api.coalescer import Coalescer
 from serving.api.priority import budget_s, priority_class, settle
@@ -16,7 +17,8 @@ from serving.api.request_context import RequestContext
 from serving.api.schema import ApiError
 from serving.api.triton_errors import TimedOut
 from serving.api.triton_link import WAY_BACK_S, stage_deadline_ns
-from settings import Deployment, load_settings
+from serving.launcher.tritonserver import TritonServer
+from settings import ROOT, Deployment, load_settings
 from settings.deployment import python_stubs
 from settings.schema import SettingsError
 
@@ -265,3 +267,21 @@ def test_the_front_counts_each_class_by_outcome_and_its_queued_time(tmp_path):
     assert 'bert_api_requests_total{class="ingestion",outcome="timed_out"} 1' in text
     assert 'bert_api_queue_seconds_total{class="query"} 0.750000' in text
     assert 'bert_api_call_texts_count{model="ensemble-query"} 0' in text
+
+
+def test_a_gpu_board_named_to_the_launcher_outlives_its_tritonserver(tmp_path):
+    """The chart names one board file to the launcher and to the api container beside it: the launcher keeps it
+    when tritonserver stops, so that the front, which maps it, still shares it with the next tritonserver's stubs.
+    A board of the launcher's own is removed; a server on CPUs takes no GPU turns and makes none."""
+    gpu = load_settings(ROOT / "settings" / "variants" / "minilm-gpu.toml")
+    named = tmp_path / "board"
+    server = TritonServer(gpu, tmp_path, gpu_board=named)
+    assert server.board_path == named
+    GpuBoard(named).claim(0)  # a stub's
+    server.stop()
+    assert named.exists()
+    own = TritonServer(gpu, tmp_path)
+    GpuBoard(own.board_path).claim(0)
+    own.stop()
+    assert not own.board_path.exists()
+    assert TritonServer(load_settings(), tmp_path, gpu_board=named).board_path is None

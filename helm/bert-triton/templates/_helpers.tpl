@@ -110,7 +110,7 @@ GPU it lists; one stage is [encoder]'s (and its query lane's, counted by bert-tr
 {{/* settings/deployment.py rate_limited: the rate limiter honours encoder.warm_first's priorities, which a Python
 encoder's instance groups carry (a TensorRT encoder's do not). */}}
 {{- $prefersFirst := and $raw.encoder.warm_first (gt (int $raw.encoder.instances) 1) (ne $kind "tensorrt") }}
-{{- dict "raw" $raw "engineKind" $kind "gpuIds" $gpus "pythonStubs" $stubs "laneDevices" $laneDevices "prefersFirst" $prefersFirst | toJson }}
+{{- dict "raw" $raw "engineKind" $kind "gpuIds" $gpus "pythonStubs" $stubs "laneDevices" $laneDevices "prefersFirst" $prefersFirst "lanedGpus" (and (gt (len $gpus) 0) (gt $laneDevices 0)) | toJson }}
 {{- end }}
 
 {{/*
@@ -129,6 +129,7 @@ instances. Returned as JSON: use `fromJson (include "bert-triton.settings" .)`.
 {{- $kinds := list $first.engineKind }}
 {{- $names := list $raw.model.name }}
 {{- $rateLimited := $first.prefersFirst }}
+{{- $lanedGpus := $first.lanedGpus }}
 {{- range $index, $extra := .Values.extraModels }}
 {{- $shape := fromJson (include "bert-triton.modelShape" (list $extra.toml (printf "extraModels[%d].toml" $index) false)) }}
 {{- if eq $shape.engineKind "tensorrt" }}
@@ -143,10 +144,13 @@ instances. Returned as JSON: use `fromJson (include "bert-triton.settings" .)`.
 {{- $lanes = add $lanes (int $shape.laneDevices) }}
 {{- $kinds = append $kinds $shape.engineKind }}
 {{- $rateLimited = or $rateLimited $shape.prefersFirst }}
+{{- $lanedGpus = or $lanedGpus $shape.lanedGpus }}
 {{- end }}
 {{- if $raw.priority.enabled }}{{/* each one-stage model's query lane: priority.query_instances on each device */}}
 {{- $stubs = add $stubs (mul (int $raw.priority.query_instances) $lanes) }}
 {{- end }}
+{{/* Deployment.takes_gpu_turns: a model on GPUs with a query lane. The launcher's GPU board is then a file in the pod's
+/dev/shm (bert-triton.gpuBoard), which the api container reads too. */}}
 {{/* Deployment.triton_exit_timeout_s: the drain's bound again, plus unload_s_per_stub for each stub. */}}
 {{- $tritonExit := add (int $server.exit_timeout_s) (int (ceil (mulf $server.unload_s_per_stub $stubs))) }}
 {{- dict
@@ -163,11 +167,20 @@ instances. Returned as JSON: use `fromJson (include "bert-triton.settings" .)`.
     "exitTimeoutS" (int $server.exit_timeout_s)
     "tritonExitTimeoutS" $tritonExit
     "rateLimited" $rateLimited
+    "gpuBoard" (and $raw.priority.enabled $lanedGpus)
     "gracePeriodS" (ternary (int .Values.terminationGracePeriodSeconds) (add (int $server.exit_timeout_s) $tritonExit 10) (gt (int .Values.terminationGracePeriodSeconds) 0))
     "healthPort" (int $server.health_port)
     "apiPort" (int $raw.api.port)
     "apiWorkers" (int $raw.api.workers)
     | toJson }}
+{{- end }}
+
+{{/*
+The GPU board's file (common/gpu_board.py), named to the launcher and the api container alike, so that the API front
+sends a query to the lane only while ingestion runs, as it does when the launcher runs it.
+*/}}
+{{- define "bert-triton.gpuBoard" -}}
+/dev/shm/bert-triton-gpu-board
 {{- end }}
 
 {{/*
